@@ -1,0 +1,92 @@
+"""What every algorithm module provides, and the small value types its pure step uses.
+
+An algorithm module is a plain module with ``NAME``, ``CODE`` (one letter used in store keys),
+``OPTIONS`` and four pure functions — no I/O, no clock, no locks:
+
+- ``make_limit(rate, options) -> Limit``: validate the options for one rate of a stack;
+- ``step(state, limit, now_ms, cost, charge) -> (Outcome, new_state)``: decide one rate;
+  ``charge=False`` is a peek (the outcome says whether ``cost`` would fit, remaining is as now);
+- ``refund(state, limit, now_ms, cost) -> new_state``: give back, never past empty/full;
+- ``expires_ms(state, limit) -> int``: when the state stops mattering (sweeps and Redis TTLs).
+
+Times are integer epoch milliseconds (``now_ms``); the Lua twin in ``lua/<name>.lua`` does the
+same integer arithmetic (all values stay below 2**53, where doubles are exact), so the memory
+store and Redis reach identical decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from ..errors import ConfigError
+from ..rates import Rate
+
+EXACT = 2**53
+"""Integers below this are exact in a double, the only number type in Redis' Lua."""
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One rate of a stack with its algorithm's options resolved: all a step needs."""
+
+    rate: Rate
+    count: int
+    period_ms: int
+    burst: int = 0
+    buckets: int = 1
+
+    @property
+    def capacity(self) -> int:
+        """The most units that may pass at one instant (``burst`` when set, else ``count``)."""
+        return self.burst or self.count
+
+
+class Outcome(NamedTuple):
+    """One rate's answer. Times in epoch ms; ``retry_ms`` is 0 when allowed, inf if never."""
+
+    allowed: bool
+    remaining: int
+    reset_ms: int
+    retry_ms: float
+
+
+class Algorithm(Protocol):
+    """The shape of an algorithm module (modules satisfy this protocol structurally)."""
+
+    NAME: str
+    CODE: str
+    OPTIONS: frozenset[str]
+
+    def make_limit(self, rate: Rate, options: dict[str, int]) -> Limit: ...
+
+    def step(
+        self, state: Any, limit: Limit, now_ms: int, cost: int, charge: bool
+    ) -> tuple[Outcome, Any]: ...
+
+    def refund(self, state: Any, limit: Limit, now_ms: int, cost: int) -> Any: ...
+
+    def expires_ms(self, state: Any, limit: Limit) -> int: ...
+
+
+def int_option(name: str, value: object, low: int, high: int, algorithm: str) -> int:
+    """Validate a whole-number option, naming it and its range when it is wrong."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"option {name}={value!r} for {algorithm} is invalid; expected a whole number "
+            f"from {low} to {high:_}"
+        )
+    return value
+
+
+def check_exact(value: int, what: str, algorithm: str) -> None:
+    """Refuse a configuration whose arithmetic would leave the exact range of a double."""
+    if value >= EXACT:
+        raise ConfigError(f"{what} is too large for {algorithm} (must stay below 2**53)")
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceiling of a / b for b > 0."""
+    return -(-a // b)

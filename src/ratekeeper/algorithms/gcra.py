@@ -1,0 +1,81 @@
+"""gcra — the generic cell rate algorithm (as in redis-cell): one stored timestamp per key.
+
+Each unit has an emission interval ``T = period / count``. The key stores the theoretical
+arrival time ``tat`` (when the limiter is fully idle again). A request of ``cost`` moves it to
+``max(tat, now) + cost*T`` and is admitted if that is no more than ``burst*T`` ahead of now.
+``burst`` (default ``count``) is how many requests may pass at one instant; ``burst=1`` spaces
+requests evenly.
+
+Timeline, 2/second, burst=1: t=0 admitted (tat 0.5 s); t=0.1 rejected, retry_after 0.4 s;
+t=0.5 admitted (tat 1.0 s).
+
+``T`` is rounded *up* to a whole microsecond (never admits more than the rate; at 3/second the
+error is 1 µs per request). Rates above 1,000,000/second are refused: use token_bucket.
+Accuracy: exact, with exact retry_after. Memory: one integer per key. Store: one
+read-modify-write per decision.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..rates import Rate
+from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option
+
+NAME = "gcra"
+CODE = "g"
+OPTIONS: frozenset[str] = frozenset({"burst"})
+
+State = int
+"""tat_us: the theoretical arrival time in epoch microseconds."""
+
+
+def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
+    """``burst``: how many may pass at one instant, 1..10**9 (default: the rate's count)."""
+    burst = int_option("burst", options.get("burst", rate.count), 1, 10**9, NAME)
+    if rate.count * 1000 > rate.period_ms * 1_000_000:
+        raise ConfigError(
+            f"rate {rate} is above 1,000,000/second, too fine for gcra; use token_bucket"
+        )
+    check_exact(burst * interval_us(rate.count, rate.period_ms), f"burst {burst} x interval", NAME)
+    return Limit(rate, rate.count, rate.period_ms, burst=burst)
+
+
+def interval_us(count: int, period_ms: int) -> int:
+    """The emission interval T in whole microseconds, rounded up."""
+    return ceil_div(period_ms * 1000, count)
+
+
+def step(
+    state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
+) -> tuple[Outcome, State | None]:
+    """Admit if the new arrival time stays within ``burst*T`` of now."""
+    t = interval_us(limit.count, limit.period_ms)
+    tau = limit.capacity * t
+    now_us = now_ms * 1000
+    tat = now_us if state is None or state < now_us else state
+    new_tat = tat + cost * t
+    allowed = cost <= limit.capacity and new_tat - now_us <= tau
+    if allowed and charge:
+        tat = new_tat
+        state = tat
+    remaining = max(0, (now_us + tau - tat) // t)
+    if allowed:
+        retry = 0.0
+    elif cost > limit.capacity:
+        retry = INF
+    else:
+        retry = float(ceil_div(new_tat - tau - now_us, 1000))
+    return Outcome(allowed, remaining, ceil_div(tat, 1000), retry), state
+
+
+def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
+    """Move the arrival time back by ``cost*T``, never before now."""
+    if state is None:
+        return None
+    now_us = now_ms * 1000
+    return max(now_us, state - cost * interval_us(limit.count, limit.period_ms))
+
+
+def expires_ms(state: State, limit: Limit) -> int:
+    """The arrival time: after it the key means the same as no key."""
+    return ceil_div(state, 1000)

@@ -1,0 +1,79 @@
+"""sliding_log — the exact sliding window: one timestamp per admitted unit.
+
+A unit admitted at ``ts`` counts while ``now < ts + period``. A request is admitted if the
+units still in the window plus ``cost`` fit the limit; ``retry_after`` is when enough of the
+oldest units will have left.
+
+Timeline, 2/minute: t=0 admitted, t=30 admitted, t=45 rejected (retry_after 15 s: the t=0
+unit leaves at 60), t=60 admitted.
+
+This is the costly, precise one (ClassDojo's original design): memory grows with the limit
+(one entry per admitted unit, up to ``count`` per key) and every hit prunes old entries, so
+use it for small limits where exactness matters. Limits above 100,000 are refused.
+Accuracy: exact over any window. Store: one read-modify-write per decision.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+
+from ..errors import ConfigError
+from ..rates import Rate
+from .base import INF, Limit, Outcome
+
+NAME = "sliding_log"
+CODE = "l"
+OPTIONS: frozenset[str] = frozenset()
+MAX_COUNT = 100_000
+
+State = tuple[int, ...]
+"""Admission times in epoch ms, oldest first (a unit of cost n is n equal entries)."""
+
+
+def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
+    """A sliding log takes no options; its count is capped to keep memory bounded."""
+    if rate.count > MAX_COUNT:
+        raise ConfigError(
+            f"rate {rate} is too large for sliding_log (at most {MAX_COUNT:_} per period); "
+            "use sliding_window, which keeps a few counters instead of one entry per request"
+        )
+    return Limit(rate, rate.count, rate.period_ms)
+
+
+def _live(state: State | None, limit: Limit, now_ms: int) -> list[int]:
+    if not state:
+        return []
+    start = bisect_right(state, now_ms - limit.period_ms)
+    return list(state[start:])
+
+
+def step(
+    state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
+) -> tuple[Outcome, State | None]:
+    """Admit if the entries inside the window plus ``cost`` fit the limit."""
+    log = _live(state, limit, now_ms)
+    allowed = len(log) + cost <= limit.count
+    if allowed and charge:
+        for _ in range(cost):
+            insort(log, now_ms)
+        state = tuple(log)
+    if allowed:
+        retry = 0.0
+    elif cost > limit.count:
+        retry = INF
+    else:
+        retry = float(log[len(log) + cost - limit.count - 1] + limit.period_ms - now_ms)
+    reset = max(now_ms, log[-1] + limit.period_ms) if log else now_ms
+    return Outcome(allowed, max(0, limit.count - len(log)), reset, retry), state
+
+
+def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
+    """Remove the ``cost`` newest entries still in the window."""
+    log = _live(state, limit, now_ms)
+    del log[max(0, len(log) - cost) :]
+    return tuple(log)
+
+
+def expires_ms(state: State, limit: Limit) -> int:
+    """When the newest entry leaves the window."""
+    return state[-1] + limit.period_ms if state else 0

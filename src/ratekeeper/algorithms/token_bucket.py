@@ -1,0 +1,78 @@
+"""token_bucket — Stripe's request limiter: tokens refill continuously up to ``burst``.
+
+``count`` tokens per ``period`` drip in continuously (fractions included) up to ``burst``
+(default ``count``); a request takes ``cost`` tokens or is rejected without taking any.
+
+Timeline, 100/second with burst=500 (Stripe's example): an idle bucket holds 500, so a burst of
+500 requests at t=0 passes and the 501st is rejected with retry_after 10 ms; at t=1 s the bucket
+holds 100 again. Over any interval of d seconds at most ``burst + rate*d`` requests pass.
+
+Tokens are kept scaled by ``period_ms`` (tokens x period_ms, an integer: the refill per ms is
+then exactly ``count``), so the arithmetic is exact in Python and in Lua. Accuracy: exact.
+Memory: two integers per key. Store: one read-modify-write per decision.
+"""
+
+from __future__ import annotations
+
+from ..rates import Rate
+from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option
+
+NAME = "token_bucket"
+CODE = "t"
+OPTIONS: frozenset[str] = frozenset({"burst"})
+
+State = tuple[int, int]
+"""(tokens x period_ms, updated_ms)."""
+
+
+def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
+    """``burst``: bucket capacity, 1..10**12 (default: the rate's count)."""
+    burst = int_option("burst", options.get("burst", rate.count), 1, 10**12, NAME)
+    check_exact(burst * rate.period_ms, f"burst {burst} x period {rate.period_ms} ms", NAME)
+    return Limit(rate, rate.count, rate.period_ms, burst=burst)
+
+
+def _level(state: State | None, limit: Limit, now_ms: int) -> tuple[int, int]:
+    full = limit.capacity * limit.period_ms
+    if state is None:
+        return full, now_ms
+    scaled, updated = state
+    if now_ms <= updated:
+        return scaled, updated
+    elapsed = min(now_ms - updated, ceil_div(full - scaled, limit.count))
+    return min(full, scaled + elapsed * limit.count), now_ms
+
+
+def step(
+    state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
+) -> tuple[Outcome, State | None]:
+    """Refill to ``now_ms``, then take ``cost`` tokens if there are enough."""
+    scaled, updated = _level(state, limit, now_ms)
+    need = cost * limit.period_ms
+    allowed = scaled >= need
+    if allowed and charge:
+        scaled -= need
+        state = (scaled, updated)
+    full = limit.capacity * limit.period_ms
+    reset = max(now_ms, updated) + ceil_div(full - scaled, limit.count)
+    if allowed:
+        retry = 0.0
+    elif cost > limit.capacity:
+        retry = INF
+    else:
+        retry = float(max(now_ms, updated) - now_ms + ceil_div(need - scaled, limit.count))
+    return Outcome(allowed, scaled // limit.period_ms, reset, retry), state
+
+
+def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
+    """Put ``cost`` tokens back, never above ``burst``."""
+    if state is None:
+        return None
+    scaled, updated = _level(state, limit, now_ms)
+    return (min(limit.capacity * limit.period_ms, scaled + cost * limit.period_ms), updated)
+
+
+def expires_ms(state: State, limit: Limit) -> int:
+    """When the bucket is full again (a missing key means a full bucket)."""
+    scaled, updated = state
+    return updated + ceil_div(limit.capacity * limit.period_ms - scaled, limit.count)

@@ -1,0 +1,77 @@
+"""``Decision``: the answer to one request, and the response headers it implies.
+
+A decision is built from one store reply only, so its headers always agree with its verdict
+(GitHub's "rejected with Remaining: 5000" cannot happen). Header syntax:
+
+- GitHub-style ``X-RateLimit-Limit / -Remaining / -Reset`` (integer epoch seconds) ``/ -Used``;
+- the IETF draft "RateLimit header fields for HTTP" (structured fields): ``RateLimit-Policy``
+  lists every rate of the stack as ``"name";q=<quota>;w=<window s>``, and ``RateLimit`` gives
+  the deciding rate as ``"name";r=<remaining>;t=<seconds to reset>``;
+- ``Retry-After`` (integer seconds, rounded up) on a rejection that can ever succeed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .rates import Rate
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Whether a request may proceed, and the state of the rate that decided.
+
+    ``rate`` is the rate that rejected (for a stack, the one that frees up last), or when
+    allowed the one with the least ``remaining``. ``reset_at`` is epoch seconds when that rate
+    fully resets or refills; ``retry_after`` is 0 when allowed, else seconds until the same
+    request would be admitted (``math.inf`` if never, e.g. cost above capacity).
+    ``degraded`` marks a fail-open answer given without the store.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_at: float
+    retry_after: float
+    rate: Rate
+    stack: tuple[Rate, ...]
+    now: float
+    degraded: bool = False
+
+    @property
+    def used(self) -> int:
+        """Units of the deciding rate already used (``limit - remaining``)."""
+        return self.limit - self.remaining
+
+    def headers(self, policy: str | None = None) -> dict[str, str]:
+        """The response headers a server should send with this decision.
+
+        ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``).
+        """
+        reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
+        names = [_item_name(policy, r, len(self.stack)) for r in self.stack]
+        deciding = names[self.stack.index(self.rate)] if self.rate in self.stack else names[0]
+        out = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(self.remaining),
+            "X-RateLimit-Reset": str(math.ceil(self.reset_at - 1e-9)),
+            "X-RateLimit-Used": str(self.used),
+            "RateLimit-Policy": ", ".join(
+                f"{n};q={_quota(r, self)};w={max(1, math.ceil(r.period))}"
+                for n, r in zip(names, self.stack, strict=True)
+            ),
+            "RateLimit": f"{deciding};r={self.remaining};t={reset_in}",
+        }
+        if not self.allowed and math.isfinite(self.retry_after):
+            out["Retry-After"] = str(max(1, math.ceil(self.retry_after - 1e-9)))
+        return out
+
+
+def _quota(rate: Rate, decision: Decision) -> int:
+    return decision.limit if rate == decision.rate else rate.count
+
+
+def _item_name(policy: str | None, rate: Rate, size: int) -> str:
+    name = rate.code if policy is None else (policy if size == 1 else f"{policy}.{rate.code}")
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'

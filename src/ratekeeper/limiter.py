@@ -1,0 +1,341 @@
+"""``Limiter`` and ``AsyncLimiter``: the public facade over one shared core.
+
+``_Core`` holds everything that is not I/O — rate parsing and caching, plan building, the clock,
+fail-open policy, the circuit breaker and counters. The two limiters differ only where ``await``
+appears: ``store.execute(plan)`` versus ``await store.execute_async(plan)``.
+
+Failure policy: a store error or timeout gives an allowed ``Decision`` with ``degraded=True``
+(``fail_open=True``, the default) or raises ``StoreUnavailable``. After ``breaker_threshold``
+failures in a row the breaker opens and the store is not called for a cool-down that starts at
+``breaker_cooldown`` seconds and doubles on each failed retry up to ``breaker_max_cooldown``;
+the first call after the cool-down is a trial, and its success closes the breaker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .algorithms import Outcome
+from .clock import Clock
+from .decision import Decision
+from .errors import ConfigError, StoreUnavailable
+from .plan import Op, Plan, Policy, check_cost, check_key, decide, degraded, make_policy
+from .rates import Rate
+from .stores.base import AsyncStore, Store
+from .stores.memory import MemoryStore
+
+RateSpec = str | Rate | Sequence[Rate]
+log = logging.getLogger("ratekeeper")
+
+
+class _Core:
+    """Plans, decisions, fail-open policy, breaker and counters: shared by both limiters."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        fail_open: bool,
+        breaker_threshold: int,
+        breaker_cooldown: float,
+        breaker_max_cooldown: float,
+    ) -> None:
+        if not callable(clock):
+            raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if (
+            breaker_threshold < 1
+            or breaker_cooldown <= 0
+            or breaker_max_cooldown < breaker_cooldown
+        ):
+            raise ConfigError(
+                "breaker settings are invalid; expected threshold >= 1 and "
+                "0 < cooldown <= max_cooldown"
+            )
+        self.clock = clock
+        self.fail_open = fail_open
+        self._policies: dict[tuple[Any, ...], Policy] = {}
+        self._threshold = breaker_threshold
+        self._base_cooldown = breaker_cooldown
+        self._max_cooldown = breaker_max_cooldown
+        self._cooldown = breaker_cooldown
+        self._failures = 0
+        self._open_until = 0.0
+        self._last_log = -1e18
+        self.counts = {"degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0}
+
+    def plan(
+        self,
+        op: Op,
+        key: str,
+        rate: RateSpec,
+        algorithm: str,
+        cost: int,
+        burst: int | None,
+        buckets: int | None,
+    ) -> Plan:
+        """Validate the call and turn it into a plan (policies are cached per spelling)."""
+        cache_key = (rate, algorithm, burst, buckets)
+        try:
+            policy = self._policies.get(cache_key)
+        except TypeError:  # an unhashable rate sequence (a list): not cached
+            policy = None
+        if policy is None:
+            policy = make_policy(rate, algorithm, burst, buckets)
+            if len(self._policies) < 10_000:
+                with contextlib.suppress(TypeError):
+                    self._policies[cache_key] = policy
+        if type(key) is not str or not key:
+            check_key(key)
+        if type(cost) is not int or cost < 1:
+            check_cost(cost)
+            if cost == 0 and op in ("hit", "peek"):
+                op, cost = "peek", 1
+        return Plan(op, policy, key, int(self.clock() * 1000), cost)
+
+    def skip_store(self, plan: Plan) -> bool:
+        """True while the breaker is open (the call should not reach the store)."""
+        if self._open_until and plan.now_ms / 1000 < self._open_until:
+            self.counts["breaker_skips"] += 1
+            return True
+        return False
+
+    def succeeded(self) -> None:
+        """Record a store success: close the breaker."""
+        if self._failures:
+            self._failures = 0
+            self._open_until = 0.0
+            self._cooldown = self._base_cooldown
+
+    def failed(self, plan: Plan, exc: BaseException | None) -> Decision | None:
+        """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy."""
+        if exc is not None:
+            self.counts["store_errors"] += 1
+            self._failures += 1
+            now = plan.now_ms / 1000
+            if self._failures >= self._threshold:
+                if self._open_until:
+                    self._cooldown = min(self._cooldown * 2, self._max_cooldown)
+                self._open_until = now + self._cooldown
+                self.counts["breaker_opened"] += 1
+            if now - self._last_log >= 10.0:
+                self._last_log = now
+                log.warning(
+                    "ratekeeper store failed (%s); failing %s",
+                    exc,
+                    "open" if self.fail_open else "closed",
+                )
+        if not self.fail_open:
+            if exc is None:
+                raise StoreUnavailable("store unavailable (circuit breaker open)")
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        if plan.op in ("refund", "reset"):
+            return None
+        self.counts["degraded"] += 1
+        return degraded(plan)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of failures and degraded decisions, and the breaker's state."""
+        state = "closed" if not self._failures else ("open" if self._open_until else "failing")
+        return {**self.counts, "breaker": state, "consecutive_failures": self._failures}
+
+
+class _Base:
+    """Constructor and plan helpers common to both limiters."""
+
+    _core: _Core
+
+    def __init__(
+        self,
+        clock: Clock = time.time,
+        fail_open: bool = True,
+        breaker_threshold: int = 3,
+        breaker_cooldown: float = 0.5,
+        breaker_max_cooldown: float = 30.0,
+    ) -> None:
+        self._core = _Core(
+            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown
+        )
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every decision is timed by."""
+        return self._core.clock
+
+    def stats(self) -> dict[str, Any]:
+        """Failure counters: ``degraded``, ``store_errors``, ``breaker_opened``, ``breaker``."""
+        return self._core.stats()
+
+
+class Limiter(_Base):
+    """Synchronous rate limiter. ``Limiter()`` uses an in-memory store and ``time.time``."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        clock: Clock = time.time,
+        fail_open: bool = True,
+        **breaker: Any,
+    ) -> None:
+        super().__init__(clock, fail_open, **breaker)
+        store = MemoryStore() if store is None else store
+        if not isinstance(store, Store):
+            raise ConfigError(f"store {store!r} cannot be used by Limiter; it has no execute()")
+        self.store = store
+
+    def _run(self, plan: Plan) -> Decision | None:
+        core = self._core
+        if core.skip_store(plan):
+            return core.failed(plan, None)
+        try:
+            outcomes: tuple[Outcome, ...] = self.store.execute(plan)
+        except Exception as exc:
+            return core.failed(plan, exc)
+        core.succeeded()
+        return decide(plan, outcomes) if outcomes else None
+
+    def hit(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision:
+        """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
+        decision = self._run(self._core.plan("hit", key, rate, algorithm, cost, burst, buckets))
+        assert decision is not None  # hit and peek always produce a decision
+        return decision
+
+    def peek(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision:
+        """The decision a ``hit`` of ``cost`` would get now, consuming nothing."""
+        decision = self._run(self._core.plan("peek", key, rate, algorithm, cost, burst, buckets))
+        assert decision is not None
+        return decision
+
+    def refund(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> None:
+        """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
+        self._run(self._core.plan("refund", key, rate, algorithm, cost, burst, buckets))
+
+    def reset(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> None:
+        """Forget all state of ``key`` under these rates."""
+        self._run(self._core.plan("reset", key, rate, algorithm, 1, burst, buckets))
+
+
+class AsyncLimiter(_Base):
+    """The same limiter for asyncio: every method is a coroutine."""
+
+    def __init__(
+        self,
+        store: AsyncStore | None = None,
+        clock: Clock = time.time,
+        fail_open: bool = True,
+        **breaker: Any,
+    ) -> None:
+        super().__init__(clock, fail_open, **breaker)
+        store = MemoryStore() if store is None else store
+        if not isinstance(store, AsyncStore):
+            raise ConfigError(
+                f"store {store!r} cannot be used by AsyncLimiter; it has no execute_async()"
+            )
+        self.store = store
+
+    async def _run(self, plan: Plan) -> Decision | None:
+        core = self._core
+        if core.skip_store(plan):
+            return core.failed(plan, None)
+        try:
+            outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
+        except Exception as exc:
+            return core.failed(plan, exc)
+        core.succeeded()
+        return decide(plan, outcomes) if outcomes else None
+
+    async def hit(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision:
+        """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
+        decision = await self._run(
+            self._core.plan("hit", key, rate, algorithm, cost, burst, buckets)
+        )
+        assert decision is not None
+        return decision
+
+    async def peek(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision:
+        """The decision a ``hit`` of ``cost`` would get now, consuming nothing."""
+        decision = await self._run(
+            self._core.plan("peek", key, rate, algorithm, cost, burst, buckets)
+        )
+        assert decision is not None
+        return decision
+
+    async def refund(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> None:
+        """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
+        await self._run(self._core.plan("refund", key, rate, algorithm, cost, burst, buckets))
+
+    async def reset(
+        self,
+        key: str,
+        rate: RateSpec,
+        *,
+        algorithm: str = "fixed_window",
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> None:
+        """Forget all state of ``key`` under these rates."""
+        await self._run(self._core.plan("reset", key, rate, algorithm, 1, burst, buckets))

@@ -1,0 +1,145 @@
+"""The sans-I/O core: calls become ``Plan`` data, store replies become ``Decision``s.
+
+Nothing here does I/O, so ``Limiter`` and ``AsyncLimiter`` share it and differ only in how they
+execute a plan, and the service can run many plans in one Redis pipeline.
+
+- ``Policy``: rates + algorithm + options, validated once and cached by the limiter; ``slots``
+  name each rate's state (algorithm code, state-shaping options, rate) for store keys.
+- ``Plan``: one operation (``hit``/``peek``/``refund``/``reset``) on one caller key at one time.
+- ``run_stack``: the all-or-nothing stack rule over the pure algorithm steps (memory store).
+- ``decide``: outcomes of every rate -> the one ``Decision`` the caller sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .algorithms import ALGORITHMS, Algorithm, Limit, Outcome
+from .decision import Decision
+from .errors import ConfigError, RateSpecError
+from .rates import Rate, to_rates
+
+Op = Literal["hit", "peek", "refund", "reset"]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated stack of rates under one algorithm."""
+
+    algorithm: Algorithm
+    limits: tuple[Limit, ...]
+    slots: tuple[str, ...]
+    rates: tuple[Rate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One operation on one caller key; all a store needs to act."""
+
+    op: Op
+    policy: Policy
+    key: str
+    now_ms: int
+    cost: int
+
+
+def make_policy(
+    rates: str | Rate | Sequence[Rate], algorithm: str, burst: int | None, buckets: int | None
+) -> Policy:
+    """Validate rates, algorithm and options; raise a ``ValueError`` naming what is wrong."""
+    module = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
+    if module is None:
+        raise ConfigError(
+            f"algorithm {algorithm!r} is unknown; expected one of {', '.join(sorted(ALGORITHMS))}"
+        )
+    options: dict[str, int] = {}
+    for name, value in (("burst", burst), ("buckets", buckets)):
+        if value is None:
+            continue
+        if name not in module.OPTIONS:
+            takes = ", ".join(sorted(module.OPTIONS)) or "no options"
+            raise ConfigError(f"option {name!r} does not apply to {algorithm}; it takes {takes}")
+        options[name] = value
+    stack = to_rates(rates)
+    limits = tuple(module.make_limit(r, options) for r in stack)
+    shape = (
+        f"{limits[0].buckets}" if module.NAME == "sliding_window" and limits[0].buckets > 1 else ""
+    )
+    slots = tuple(f"{module.CODE}{shape}:{r.code}" for r in stack)
+    return Policy(module, limits, slots, stack)
+
+
+def check_cost(cost: object) -> int:
+    """A cost is a whole number >= 0 (0 means peek)."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+        raise RateSpecError(f"cost {cost!r} is invalid; expected a whole number >= 1 (0 to peek)")
+    return cost
+
+
+def check_key(key: object) -> str:
+    """A caller key is any non-empty string."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"key {key!r} is invalid; expected a non-empty string")
+    return key
+
+
+def run_stack(
+    policy: Policy, states: Sequence[Any], now_ms: int, cost: int, charge: bool
+) -> tuple[list[Outcome], list[Any] | None]:
+    """Step every rate; return the outcomes and, if all admit and ``charge``, the new states."""
+    step = policy.algorithm.step
+    outcomes: list[Outcome] = []
+    new_states: list[Any] = []
+    for state, limit in zip(states, policy.limits, strict=True):
+        outcome, new_state = step(state, limit, now_ms, cost, charge)
+        outcomes.append(outcome)
+        new_states.append(new_state)
+    if charge and all(o.allowed for o in outcomes):
+        return outcomes, new_states
+    return outcomes, None
+
+
+def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
+    """Fold per-rate outcomes into the caller's ``Decision`` (see its docstring for the rule)."""
+    policy = plan.policy
+    if len(outcomes) == 1:
+        chosen = 0
+        allowed = outcomes[0].allowed
+    else:
+        allowed = all(o.allowed for o in outcomes)
+        if allowed:
+            chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
+        else:
+            chosen = max(
+                (i for i, o in enumerate(outcomes) if not o.allowed),
+                key=lambda i: outcomes[i].retry_ms,
+            )
+    o = outcomes[chosen]
+    return Decision(
+        o.allowed and allowed,
+        policy.limits[chosen].capacity,
+        o.remaining,
+        o.reset_ms / 1000,
+        0.0 if allowed else o.retry_ms / 1000,
+        policy.rates[chosen],
+        policy.rates,
+        plan.now_ms / 1000,
+    )
+
+
+def degraded(plan: Plan) -> Decision:
+    """The fail-open answer when the store could not be asked: allowed, marked degraded."""
+    limit = plan.policy.limits[0]
+    return Decision(
+        True,
+        limit.capacity,
+        limit.capacity,
+        (plan.now_ms + limit.period_ms) / 1000,
+        0.0,
+        limit.rate,
+        plan.policy.rates,
+        plan.now_ms / 1000,
+        degraded=True,
+    )

@@ -1,0 +1,147 @@
+"""Rates: ``"100/minute"`` parsed once into a frozen ``Rate``; stacks are tuples of rates.
+
+Accepted forms (case-insensitive, spaces allowed around parts)::
+
+    100/second   100/minute   5000/hour   10000/day      unit words, singular or plural
+    100/s  100/sec  100/m  100/min  100/h  100/hr  100/d  abbreviations
+    100/30s  100/5 minutes  20/2h  1/1d                   a multiple of a unit
+    100 per minute                                        "per" instead of "/"
+    2/second; 100/minute                                  a stack: every rate must admit
+
+A bad string raises ``RateSpecError`` (a ``ValueError``) naming the bad part and listing what
+is accepted; nothing is ever silently read as some other limit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .errors import RateSpecError
+
+_UNIT_MS: dict[str, int] = {}
+for _names, _ms in (
+    (("s", "sec", "secs", "second", "seconds"), 1_000),
+    (("m", "min", "mins", "minute", "minutes"), 60_000),
+    (("h", "hr", "hrs", "hour", "hours"), 3_600_000),
+    (("d", "day", "days"), 86_400_000),
+):
+    for _name in _names:
+        _UNIT_MS[_name] = _ms
+
+_UNIT_WORDS = {1_000: "second", 60_000: "minute", 3_600_000: "hour", 86_400_000: "day"}
+_UNIT_SHORT = {1_000: "s", 60_000: "m", 3_600_000: "h", 86_400_000: "d"}
+ACCEPTED = (
+    "a rate like '100/minute', '5000/hour', '100/30s' or '2/second; 100/minute' "
+    "(units: s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s))"
+)
+MAX_COUNT = 10**12
+_RATE = re.compile(r"^\s*(?P<count>\S+?)\s*(?:/|\s+per\s+)\s*(?P<mult>\d+)?\s*(?P<unit>[a-z]+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``count`` units per ``period`` seconds, e.g. ``Rate(100, 60.0)`` is 100/minute."""
+
+    count: int
+    period: float
+    period_ms: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int):
+            raise RateSpecError(
+                f"rate count {self.count!r} is not a whole number; expected {ACCEPTED}"
+            )
+        if not 1 <= self.count <= MAX_COUNT:
+            raise RateSpecError(
+                f"rate count {self.count} is out of range; expected 1 to {MAX_COUNT:_}"
+            )
+        period_ms = round(float(self.period) * 1000)
+        if period_ms < 1 or abs(period_ms - float(self.period) * 1000) > 1e-6:
+            raise RateSpecError(
+                f"rate period {self.period!r} s is not a positive whole number of milliseconds"
+            )
+        object.__setattr__(self, "period", period_ms / 1000)
+        object.__setattr__(self, "period_ms", period_ms)
+
+    @staticmethod
+    def parse(text: str) -> tuple[Rate, ...]:
+        """Parse one rate or a ``;``-separated stack; always returns a tuple of rates."""
+        if not isinstance(text, str):
+            raise RateSpecError(f"rate {text!r} is not a string; expected {ACCEPTED}")
+        return _parse_cached(text)
+
+    @property
+    def code(self) -> str:
+        """Short canonical form, e.g. ``100/1m`` or ``7/1500ms``; used in store keys."""
+        for ms in (86_400_000, 3_600_000, 60_000, 1_000):
+            if self.period_ms % ms == 0:
+                return f"{self.count}/{self.period_ms // ms}{_UNIT_SHORT[ms]}"
+        return f"{self.count}/{self.period_ms}ms"
+
+    def __str__(self) -> str:
+        for ms, word in _UNIT_WORDS.items():
+            if self.period_ms == ms:
+                return f"{self.count}/{word}"
+        return self.code
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> tuple[Rate, ...]:
+    parts = [p for p in re.split(r"[;,]", text)]
+    if not text.strip():
+        raise RateSpecError(f"rate {text!r} is empty; expected {ACCEPTED}")
+    rates = []
+    for part in parts:
+        if not part.strip():
+            raise RateSpecError(
+                f"rate {text!r} has an empty part between separators; expected {ACCEPTED}"
+            )
+        rates.append(_parse_one(part, text))
+    if len(set(rates)) != len(rates):
+        raise RateSpecError(f"rate {text!r} names the same rate twice; each rate may appear once")
+    return tuple(rates)
+
+
+def _parse_one(part: str, whole: str) -> Rate:
+    m = _RATE.match(part.lower())
+    if m is None:
+        raise RateSpecError(
+            f"rate part {part.strip()!r} of {whole!r} is not understood; expected {ACCEPTED}"
+        )
+    count_text, mult_text, unit = m.group("count"), m.group("mult"), m.group("unit")
+    if not count_text.isdigit():
+        raise RateSpecError(
+            f"rate count {count_text!r} in {whole!r} is not a positive whole number; "
+            f"expected {ACCEPTED}"
+        )
+    count = int(count_text)
+    if count == 0:
+        raise RateSpecError(
+            f"rate count 0 in {whole!r} admits nothing; the count must be at least 1"
+        )
+    unit_ms = _UNIT_MS.get(unit)
+    if unit_ms is None:
+        raise RateSpecError(f"rate unit {unit!r} in {whole!r} is unknown; expected {ACCEPTED}")
+    mult = int(mult_text) if mult_text is not None else 1
+    if mult == 0:
+        raise RateSpecError(
+            f"rate period '0{unit}' in {whole!r} is empty; the period must be at least 1"
+        )
+    return Rate(count, mult * unit_ms / 1000)
+
+
+def to_rates(spec: str | Rate | Sequence[Rate]) -> tuple[Rate, ...]:
+    """Normalize what a ``Limiter`` method accepts into a non-empty tuple of rates."""
+    if isinstance(spec, str):
+        return _parse_cached(spec)
+    if isinstance(spec, Rate):
+        return (spec,)
+    rates = tuple(spec)
+    if not rates or not all(isinstance(r, Rate) for r in rates):
+        raise RateSpecError(
+            f"rates {spec!r} must be a rate string, a Rate or a non-empty sequence of Rate"
+        )
+    return rates

@@ -1,0 +1,1 @@
+"""Stores execute plans. Each is small; capabilities are separate protocols (see ``base``)."""

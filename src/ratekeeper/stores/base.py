@@ -1,0 +1,31 @@
+"""The store protocols: a store runs a ``Plan`` and returns one ``Outcome`` per rate.
+
+A store knows nothing of rates or algorithms beyond "run this plan". ``Store`` is the sync
+capability, ``AsyncStore`` the async one; a limiter checks the one it needs once, when built.
+Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..algorithms import Outcome
+from ..plan import Plan
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Runs plans synchronously."""
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan; ``refund``/``reset`` return an empty tuple."""
+        ...
+
+
+@runtime_checkable
+class AsyncStore(Protocol):
+    """Runs plans on an event loop."""
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan; ``refund``/``reset`` return an empty tuple."""
+        ...

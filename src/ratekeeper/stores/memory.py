@@ -1,0 +1,108 @@
+"""``MemoryStore``: the embedded default, running the pure algorithm steps on a dict.
+
+Thread-safe (one lock around each plan) and asyncio-safe (no await inside a plan), so a stack is
+all-or-nothing here exactly as in a Redis script. Memory stays bounded:
+
+- an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
+  touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
+  rest;
+- at most ``max_keys`` entries: the least recently used is evicted first, so a flood of
+  distinct keys cannot exhaust memory (an evicted key starts fresh — it fails open, never
+  closed).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..algorithms import Outcome
+from ..plan import Plan, run_stack
+
+_Entry = tuple[int, Any]  # (expires_ms, state)
+
+
+class MemoryStore:
+    """In-process store; the reference semantics every other store must match."""
+
+    def __init__(self, max_keys: int = 1_000_000, sweep_every: int = 1000) -> None:
+        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+            raise ValueError(f"max_keys={max_keys!r} is invalid; expected a whole number >= 1")
+        self.max_keys = max_keys
+        self._sweep_every = sweep_every
+        self._writes = 0
+        self._data: dict[tuple[str, str], _Entry] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan under the lock."""
+        policy = plan.policy
+        now = plan.now_ms
+        keys = [(slot, plan.key) for slot in policy.slots]
+        with self._lock:
+            data = self._data
+            if plan.op == "reset":
+                for k in keys:
+                    data.pop(k, None)
+                return ()
+            states = []
+            for k in keys:
+                entry = data.get(k)
+                if entry is not None and entry[0] <= now:
+                    del data[k]
+                    entry = None
+                states.append(None if entry is None else entry[1])
+            algorithm = policy.algorithm
+            if plan.op == "refund":
+                for k, state, limit in zip(keys, states, policy.limits, strict=True):
+                    new = algorithm.refund(state, limit, now, plan.cost)
+                    if new is not None:
+                        self._write(k, algorithm.expires_ms(new, limit), new, now)
+                return ()
+            outcomes, new_states = run_stack(policy, states, now, plan.cost, plan.op == "hit")
+            if new_states is not None:
+                for k, new, limit in zip(keys, new_states, policy.limits, strict=True):
+                    self._write(k, algorithm.expires_ms(new, limit), new, now)
+            return tuple(outcomes)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        """The same as ``execute``: nothing in it blocks."""
+        return self.execute(plan)
+
+    def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
+        data = self._data
+        data.pop(key, None)  # re-insert at the end: dict order is least recently used first
+        data[key] = (expires_ms, state)
+        if len(data) > self.max_keys:
+            del data[next(iter(data))]
+        self._writes += 1
+        if self._writes >= self._sweep_every:
+            self._writes = 0
+            self._sweep_some(now_ms, budget=64)
+
+    def _sweep_some(self, now_ms: int, budget: int) -> None:
+        data = self._data
+        stale = [k for k, (exp, _) in _head(data, budget) if exp <= now_ms]
+        for k in stale:
+            del data[k]
+
+    def sweep(self, now: float) -> int:
+        """Drop every entry whose state stopped mattering by epoch second ``now``."""
+        now_ms = int(now * 1000)
+        with self._lock:
+            stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
+            for k in stale:
+                del self._data[k]
+        return len(stale)
+
+
+def _head(data: dict[tuple[str, str], _Entry], n: int) -> list[tuple[tuple[str, str], _Entry]]:
+    out = []
+    for item in data.items():
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out
