@@ -1,0 +1,176 @@
+"""Real ``redis-server`` processes for tests: standalone, primary+replica, 3-primary cluster.
+
+Each server runs on a free loopback port with persistence off, in its own temp directory, and
+is stopped by PID. Helpers can SIGKILL, SIGSTOP/SIGCONT and restart (empty) a server, which is
+how the fault tests break Redis for real. No fakes anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def available() -> bool:
+    """True when both redis-server and redis-cli are on PATH."""
+    return REDIS_SERVER is not None and REDIS_CLI is not None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on, with port+10000 free too.
+
+    Ports stay in 20000-45000 so a cluster node's bus port (port + 10000) is valid as well.
+    """
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free loopback port found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1:port."""
+
+    def __init__(self, port: int | None = None, *extra: str) -> None:
+        self.port = port or free_port()
+        self.extra = list(extra)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"rk-redis-{self.port}-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None, "redis-server is not installed"
+        args = [
+            REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+            "--protected-mode", "no", "--loglevel", "warning", *self.extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server on port {self.port} exited at start")
+            try:
+                if self.client(socket_timeout=0.5).ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not become ready")
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its port but answers nothing."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause``."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Kill and start again on the same port: data and script cache are gone."""
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        """Stop by PID (SIGTERM, then SIGKILL) and remove the temp directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+                self.proc.terminate()
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_replica(primary: RedisServer, timeout: float = 10.0) -> RedisServer:
+    """A replica of ``primary`` (``--replicaof``), returned once its link is up and synced."""
+    replica = RedisServer(None, "--replicaof", "127.0.0.1", str(primary.port))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = replica.client().info("replication")
+        if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
+            return replica
+        time.sleep(0.05)
+    replica.stop()
+    raise RuntimeError("replica did not sync")
+
+
+def wait_replicated(primary: RedisServer, timeout: float = 5.0) -> None:
+    """Block until every replica has acknowledged the primary's writes so far."""
+    primary.client().execute_command("WAIT", 1, int(timeout * 1000))
+
+
+class RedisCluster:
+    """Three primaries (no replicas) joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.nodes = [
+            RedisServer(None, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                        "--cluster-config-file", "nodes.conf")
+            for _ in range(size)
+        ]  # fmt: skip
+        assert REDIS_CLI is not None
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(n.client().cluster("info").get("cluster_state") == "ok" for n in self.nodes):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("cluster did not reach state ok")
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
