@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from .rates import Rate
 
@@ -66,6 +67,53 @@ class Decision:
         if not self.allowed and math.isfinite(self.retry_after):
             out["Retry-After"] = str(max(1, math.ceil(self.retry_after - 1e-9)))
         return out
+
+
+class _DecisionFields:
+    """``Decision``'s slots, writable: the hot path fills one and turns it into a ``Decision``.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; for nine
+    fields that is most of the cost of a whole in-memory decision (measured ~2 us against
+    ~0.4 us this way on CPython 3.11). The layouts are identical, so ``__class__`` may be
+    reassigned; the result is an ordinary frozen ``Decision``.
+    """
+
+    __slots__ = Decision.__slots__
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_at: float
+    retry_after: float
+    rate: Rate
+    stack: tuple[Rate, ...]
+    now: float
+    degraded: bool
+
+
+def make_decision(
+    allowed: bool,
+    limit: int,
+    remaining: int,
+    reset_at: float,
+    retry_after: float,
+    rate: Rate,
+    stack: tuple[Rate, ...],
+    now: float,
+    degraded: bool = False,
+) -> Decision:
+    """``Decision(...)`` with the same arguments, built without the frozen ``__init__``."""
+    d = _DecisionFields()
+    d.allowed = allowed
+    d.limit = limit
+    d.remaining = remaining
+    d.reset_at = reset_at
+    d.retry_after = retry_after
+    d.rate = rate
+    d.stack = stack
+    d.now = now
+    d.degraded = degraded
+    d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
+    return cast(Decision, d)
 
 
 def _quota(rate: Rate, decision: Decision) -> int:

@@ -23,7 +23,17 @@ from .algorithms import Outcome
 from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
-from .plan import Op, Plan, Policy, check_cost, check_key, decide, degraded, make_policy
+from .plan import (
+    Op,
+    Plan,
+    Policy,
+    check_cost,
+    check_key,
+    decide,
+    degraded,
+    make_plan,
+    make_policy,
+)
 from .rates import Rate
 from .stores.base import AsyncStore, Store
 from .stores.memory import MemoryStore
@@ -95,7 +105,7 @@ class _Core:
                 op, cost = "peek", 1
         # round, not truncate: a float clock moved by ``retry_after`` lands a hair below the
         # intended millisecond about one time in ten, and truncating would then decide 1 ms early
-        return Plan(op, policy, key, round(self.clock() * 1000), cost)
+        return make_plan(op, policy, key, round(self.clock() * 1000), cost)
 
     def skip_store(self, plan: Plan) -> bool:
         """True while the breaker is open (the call should not reach the store)."""
@@ -189,13 +199,14 @@ class Limiter(_Base):
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
+        if core._open_until and core.skip_store(plan):
             return core.failed(plan, None)
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
             return core.failed(plan, exc)
-        core.succeeded()
+        if core._failures:
+            core.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     def hit(
@@ -274,13 +285,14 @@ class AsyncLimiter(_Base):
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
+        if core._open_until and core.skip_store(plan):
             return core.failed(plan, None)
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
             return core.failed(plan, exc)
-        core.succeeded()
+        if core._failures:
+            core.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     async def hit(

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .algorithms import ALGORITHMS, Algorithm, Limit, Outcome
-from .decision import Decision
+from .decision import Decision, make_decision
 from .errors import ConfigError, RateSpecError
 from .rates import Rate, to_rates
 
@@ -43,6 +43,29 @@ class Plan:
     key: str
     now_ms: int
     cost: int
+
+
+class _PlanFields:
+    """``Plan``'s slots, writable: see ``decision._DecisionFields`` for why and how."""
+
+    __slots__ = Plan.__slots__
+    op: Op
+    policy: Policy
+    key: str
+    now_ms: int
+    cost: int
+
+
+def make_plan(op: Op, policy: Policy, key: str, now_ms: int, cost: int) -> Plan:
+    """``Plan(...)`` with the same arguments, built without the frozen ``__init__``."""
+    p = _PlanFields()
+    p.op = op
+    p.policy = policy
+    p.key = key
+    p.now_ms = now_ms
+    p.cost = cost
+    p.__class__ = Plan  # type: ignore[assignment]  # same slots: see _PlanFields
+    return cast(Plan, p)
 
 
 def make_policy(
@@ -105,19 +128,28 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
     """Fold per-rate outcomes into the caller's ``Decision`` (see its docstring for the rule)."""
     policy = plan.policy
     if len(outcomes) == 1:
-        chosen = 0
-        allowed = outcomes[0].allowed
+        o = outcomes[0]
+        allowed = o.allowed
+        return make_decision(
+            allowed,
+            policy.limits[0].capacity,
+            o.remaining,
+            o.reset_ms / 1000,
+            0.0 if allowed else o.retry_ms / 1000,
+            policy.rates[0],
+            policy.rates,
+            plan.now_ms / 1000,
+        )
+    allowed = all(o.allowed for o in outcomes)
+    if allowed:
+        chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
     else:
-        allowed = all(o.allowed for o in outcomes)
-        if allowed:
-            chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
-        else:
-            chosen = max(
-                (i for i, o in enumerate(outcomes) if not o.allowed),
-                key=lambda i: outcomes[i].retry_ms,
-            )
+        chosen = max(
+            (i for i, o in enumerate(outcomes) if not o.allowed),
+            key=lambda i: outcomes[i].retry_ms,
+        )
     o = outcomes[chosen]
-    return Decision(
+    return make_decision(
         o.allowed and allowed,
         policy.limits[chosen].capacity,
         o.remaining,
@@ -132,7 +164,7 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
 def degraded(plan: Plan) -> Decision:
     """The fail-open answer when the store could not be asked: allowed, marked degraded."""
     limit = plan.policy.limits[0]
-    return Decision(
+    return make_decision(
         True,
         limit.capacity,
         limit.capacity,

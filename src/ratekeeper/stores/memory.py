@@ -40,6 +40,38 @@ class MemoryStore:
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan under the lock."""
         policy = plan.policy
+        if plan.op != "hit" or len(policy.slots) != 1:
+            return self._execute(plan)
+        # the common case, one rate and a hit: the same steps as ``_execute``, without the loops
+        limit = policy.limits[0]
+        algorithm = policy.algorithm
+        now = plan.now_ms
+        k = (policy.slots[0], plan.key)
+        data = self._data
+        with self._lock:
+            entry = data.get(k)
+            if entry is None:
+                state = None
+            elif entry[0] <= now:
+                del data[k]
+                state = None
+            else:
+                state = entry[1]
+            outcome, new = algorithm.step(state, limit, now, plan.cost, True)
+            if outcome.allowed:
+                data.pop(k, None)  # re-insert at the end: dict order is least recently used first
+                data[k] = (algorithm.expires_ms(new, limit), new)
+                if len(data) > self.max_keys:
+                    del data[next(iter(data))]
+                self._writes += 1
+                if self._writes >= self._sweep_every:
+                    self._writes = 0
+                    self._sweep_some(now, budget=64)
+        return (outcome,)
+
+    def _execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Any plan: stacks, peeks, refunds and resets."""
+        policy = plan.policy
         now = plan.now_ms
         keys = [(slot, plan.key) for slot in policy.slots]
         with self._lock:
