@@ -42,20 +42,20 @@ def _align(state: State | None, limit: Limit, now_ms: int) -> tuple[int, int, li
     """Shift the counts to the bucket holding now: (index, elapsed part x period, counts)."""
     n, p = limit.buckets, limit.period_ms
     cur = now_ms * n // p
-    counts = [0] * (n + 1)
-    if state is not None:
-        idx, stored = state
-        if cur < idx:  # this caller's clock is behind the writer's: count in the newest bucket
-            cur, elapsed = idx, 0
-            shift = 0
-        else:
-            elapsed = now_ms * n - cur * p
-            shift = cur - idx
-        for j, c in enumerate(stored):
-            if j + shift <= n:
-                counts[j + shift] = c
-        return cur, elapsed, counts
-    return cur, now_ms * n - cur * p, counts
+    if state is None:
+        return cur, now_ms * n - cur * p, [0] * (n + 1)
+    idx, stored = state
+    if cur < idx:  # this caller's clock is behind the writer's: count in the newest bucket
+        cur, elapsed, shift = idx, 0, 0
+    else:
+        elapsed = now_ms * n - cur * p
+        shift = cur - idx
+    if shift > n:
+        return cur, elapsed, [0] * (n + 1)
+    counts = [0] * shift + list(stored[: n + 1 - shift])
+    if len(counts) <= n:
+        counts += [0] * (n + 1 - len(counts))
+    return cur, elapsed, counts
 
 
 def _used(counts: list[int], elapsed: int, limit: Limit) -> int:
