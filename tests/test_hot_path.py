@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
+from typing import Any
 
 import pytest
 
@@ -77,3 +79,22 @@ def test_limiter_decisions_are_real_decisions() -> None:
         assert type(d) is Decision and d.allowed and d.remaining == 0
         again = limiter.hit("k", "1/minute", algorithm=algorithm)
         assert type(again) is Decision and not again.allowed and again.retry_after > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sliding_window_unrolled_step_matches_the_general_one(seed: int) -> None:
+    """``sliding_window.step`` unrolls buckets=1; ``_step_buckets`` is the general code."""
+    from ratekeeper.algorithms import sliding_window
+
+    rng = random.Random(seed)
+    for count, period_ms in ((1, 1000), (3, 1000), (10, 60_000), (7, 1500)):
+        limit = sliding_window.make_limit(Rate(count, period_ms / 1000), {})
+        fast_state: Any = None
+        slow_state: Any = None
+        now = 1_700_000_000_000
+        for _ in range(400):
+            now += rng.choice((0, 0, 1, 5, period_ms // 4, period_ms // 2, period_ms, -3))
+            cost, charge = rng.choice((1, 1, 2, count, count + 1)), rng.random() < 0.9
+            fast, fast_state = sliding_window.step(fast_state, limit, now, cost, charge)
+            slow, slow_state = sliding_window._step_buckets(slow_state, limit, now, cost, charge)
+            assert fast == slow and fast_state == slow_state
