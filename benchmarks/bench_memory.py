@@ -5,17 +5,21 @@ Run ``python benchmarks/bench_memory.py`` (needs the ``bench`` extra: ``pip inst
 
 For every ratekeeper algorithm, each contestant below gets a fresh in-memory limiter and the
 same traffic: ``--calls`` decisions spread over 1,000 distinct keys in a fixed pseudo-random
-order, single thread, on the contestant's own wall clock. Two scenarios:
+order, single thread, each limiter on its own default clock. Two scenarios:
 
 - ``admit``: 10,000 per hour per key, so every call is admitted (the common case);
 - ``reject``: 10 per hour per key, so after the first ten calls on a key all are rejected.
 
 Contestants are timed in interleaved rounds (the order rotates every round, so drift in the
-machine's load hits all of them alike) and the median round is reported. Each peer is mapped to
-the ratekeeper algorithm with the same semantics; the table says which peer class was used and
-notes any peer whose call does less than ratekeeper's (a ratekeeper ``Decision`` always carries
-``remaining``, ``reset_at`` and ``retry_after``). Ratios are against the fastest peer row of the
-same algorithm and scenario, including peers that do less work, so they are conservative.
+machine's load hits all of them alike) and the median round is reported. Rounds are timed in
+process CPU time (``time.process_time``), not wall time, so that other programs sharing the
+CPUs inflate the figures less; a peer's background threads count against it. Each peer is
+mapped to the ratekeeper algorithm with the same semantics; the table says which peer class was
+used and notes any peer whose call does less than ratekeeper's (a ratekeeper ``Decision``
+always carries ``remaining``, ``reset_at`` and ``retry_after``). The summary gives two ratios:
+against the fastest peer of the same algorithm and scenario, whatever its call returns, and
+against the fastest peer whose call also yields the remaining count. A peer that is not
+installed is left out, and said so.
 
 Peers are driven through their documented public APIs only:
 
@@ -334,6 +338,22 @@ def summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+_DISTS = {"limits": "limits", "throttled-py": "throttled", "pyrate-limiter": "pyrate_limiter"}
+
+
+def _installed(contestant: Contestant) -> bool:
+    """False (and a note on stderr) for a peer whose package is not importable."""
+    package = _DISTS.get(contestant.name.removesuffix("+stats"))
+    if package is None:
+        return True
+    import importlib.util
+
+    if importlib.util.find_spec(package) is not None:
+        return True
+    print(f"# left out: {contestant.name} ({package} is not installed)", file=sys.stderr)
+    return False
+
+
 def versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -369,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: list[Result] = []
     wanted = args.algorithm or ALGORITHMS
-    everyone = contestants()
+    everyone = [c for c in contestants() if _installed(c)]
     for algorithm in wanted:
         group = [c for c in everyone if c.algorithm == algorithm]
         for scenario in SCENARIOS:
