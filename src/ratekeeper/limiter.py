@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from .algorithms import Outcome
 from .clock import Clock
@@ -27,11 +27,11 @@ from .plan import (
     Op,
     Plan,
     Policy,
+    _PlanFields,
     check_cost,
     check_key,
     decide,
     degraded,
-    make_plan,
     make_policy,
 )
 from .rates import Rate
@@ -105,7 +105,14 @@ class _Core:
                 op, cost = "peek", 1
         # round, not truncate: a float clock moved by ``retry_after`` lands a hair below the
         # intended millisecond about one time in ten, and truncating would then decide 1 ms early
-        return make_plan(op, policy, key, round(self.clock() * 1000), cost)
+        p = _PlanFields()  # make_plan's body, inlined (the hot path)
+        p.op = op
+        p.policy = policy
+        p.key = key
+        p.now_ms = round(self.clock() * 1000)
+        p.cost = cost
+        p.__class__ = Plan  # type: ignore[assignment]  # same slots: see plan._PlanFields
+        return cast(Plan, p)
 
     def skip_store(self, plan: Plan) -> bool:
         """True while the breaker is open (the call should not reach the store)."""

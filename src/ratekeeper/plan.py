@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from .algorithms import ALGORITHMS, Algorithm, Limit, Outcome
-from .decision import Decision, make_decision
+from .decision import Decision, _DecisionFields, make_decision
 from .errors import ConfigError, RateSpecError
 from .rates import Rate, to_rates
 
@@ -127,19 +127,20 @@ def run_stack(
 def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
     """Fold per-rate outcomes into the caller's ``Decision`` (see its docstring for the rule)."""
     policy = plan.policy
-    if len(outcomes) == 1:
+    if len(outcomes) == 1:  # one rate: make_decision's body, inlined (the hot path)
         o = outcomes[0]
-        allowed = o.allowed
-        return make_decision(
-            allowed,
-            policy.limits[0].capacity,
-            o.remaining,
-            o.reset_ms / 1000,
-            0.0 if allowed else o.retry_ms / 1000,
-            policy.rates[0],
-            policy.rates,
-            plan.now_ms / 1000,
-        )
+        d = _DecisionFields()
+        d.allowed = allowed = o.allowed
+        d.limit = policy.limits[0].capacity
+        d.remaining = o.remaining
+        d.reset_at = o.reset_ms / 1000
+        d.retry_after = 0.0 if allowed else o.retry_ms / 1000
+        d.rate = policy.rates[0]
+        d.stack = policy.rates
+        d.now = plan.now_ms / 1000
+        d.degraded = False
+        d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
+        return cast(Decision, d)
     allowed = all(o.allowed for o in outcomes)
     if allowed:
         chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)

@@ -60,8 +60,15 @@ class MemoryStore:
             else:
                 state = entry[1]
             outcome, new = algorithm.step(state, limit, now, plan.cost, True)
-            if outcome.allowed:
-                self._write(k, algorithm.expires_ms(new, limit), new, now)
+            if outcome.allowed:  # _write, inlined (the hot path)
+                data.pop(k, None)  # re-insert at the end: dict order is least recently used first
+                data[k] = (algorithm.expires_ms(new, limit), new)
+                if len(data) > self.max_keys:
+                    del data[next(iter(data))]
+                self._writes += 1
+                if self._writes >= self._sweep_every:
+                    self._writes = 0
+                    self._sweep_some(now, budget=64)
         finally:
             lock.release()
         return (outcome,)
