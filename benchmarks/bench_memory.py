@@ -369,7 +369,7 @@ def versions() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=10_000, help="decisions per round")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument(
         "--algorithm", action="append", choices=ALGORITHMS, help="only these (repeatable)"

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from .algorithms import Outcome
 from .clock import Clock
@@ -103,16 +103,16 @@ class _Core:
             check_cost(cost)
             if cost == 0 and op in ("hit", "peek"):
                 op, cost = "peek", 1
-        # round, not truncate: a float clock moved by ``retry_after`` lands a hair below the
-        # intended millisecond about one time in ten, and truncating would then decide 1 ms early
         p = _PlanFields()  # make_plan's body, inlined (the hot path)
         p.op = op
         p.policy = policy
         p.key = key
+        # round, not truncate: a float clock moved by ``retry_after`` lands a hair below the
+        # intended millisecond about one time in ten, and truncating would then decide 1 ms early
         p.now_ms = round(self.clock() * 1000)
         p.cost = cost
         p.__class__ = Plan  # type: ignore[assignment]  # same slots: see plan._PlanFields
-        return cast(Plan, p)
+        return p  # type: ignore[return-value]  # it is a Plan now; cast() would cost a call
 
     def skip_store(self, plan: Plan) -> bool:
         """True while the breaker is open (the call should not reach the store)."""
