@@ -182,4 +182,5 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
 def expires_ms(state: State, limit: Limit) -> int:
     """When the newest bucket leaves the estimate."""
     idx, _ = state
-    return ceil_div((idx + limit.buckets + 1) * limit.period_ms, limit.buckets)
+    n = limit.buckets
+    return -(-(idx + n + 1) * limit.period_ms // n)  # ceil_div, inlined: runs on every admitted hit

@@ -82,4 +82,5 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
 def expires_ms(state: State, limit: Limit) -> int:
     """When the bucket is full again (a missing key means a full bucket)."""
     scaled, updated = state
-    return updated + ceil_div(limit.capacity * limit.period_ms - scaled, limit.count)
+    # ceil_div, inlined: runs on every admitted hit
+    return updated - (-(limit.capacity * limit.period_ms - scaled) // limit.count)
