@@ -91,7 +91,7 @@ class MemoryStore:
 
     def sweep(self, now: float) -> int:
         """Drop every entry whose state stopped mattering by epoch second ``now``."""
-        now_ms = int(now * 1000)
+        now_ms = round(now * 1000)
         with self._lock:
             stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
             for k in stale:
