@@ -6,9 +6,10 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 - an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
   rest;
-- at most ``max_keys`` entries: the least recently used is evicted first, so a flood of
-  distinct keys cannot exhaust memory (an evicted key starts fresh — it fails open, never
-  closed).
+- at most ``max_keys`` entries: the least recently used (hit, rejected or peeked) is evicted
+  first, so a flood of distinct keys cannot exhaust memory (an evicted key starts fresh — it
+  fails open, never closed — but a key that keeps being rejected keeps being used, so a flood
+  of other keys does not hand it a fresh quota).
 """
 
 from __future__ import annotations
@@ -59,13 +60,21 @@ class MemoryStore:
             if plan.op == "refund":
                 for k, state, limit in zip(keys, states, policy.limits, strict=True):
                     new = algorithm.refund(state, limit, now, plan.cost)
-                    if new is not None:
-                        self._write(k, algorithm.expires_ms(new, limit), new, now)
+                    expires = 0 if new is None else algorithm.expires_ms(new, limit)
+                    if expires > now:
+                        self._write(k, expires, new, now)
+                    else:  # nothing left that matters (e.g. an empty log): keep no entry
+                        data.pop(k, None)
                 return ()
             outcomes, new_states = run_stack(policy, states, now, plan.cost, plan.op == "hit")
             if new_states is not None:
                 for k, new, limit in zip(keys, new_states, policy.limits, strict=True):
                     self._write(k, algorithm.expires_ms(new, limit), new, now)
+            else:  # a rejection or a peek is a use too: a key that keeps knocking stays cached
+                for k in keys:
+                    entry = data.pop(k, None)
+                    if entry is not None:
+                        data[k] = entry
             return tuple(outcomes)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
