@@ -147,9 +147,14 @@ def to_rates(spec: str | Rate | Sequence[Rate]) -> tuple[Rate, ...]:
         return _parse_cached(spec)
     if isinstance(spec, Rate):
         return (spec,)
-    rates = tuple(spec)
+    try:
+        rates = tuple(spec)
+    except TypeError:
+        rates = ()
     if not rates or not all(isinstance(r, Rate) for r in rates):
         raise RateSpecError(
             f"rates {spec!r} must be a rate string, a Rate or a non-empty sequence of Rate"
         )
+    if len(set(rates)) != len(rates):
+        raise RateSpecError(f"rates {spec!r} name the same rate twice; each rate may appear once")
     return rates
