@@ -6,10 +6,15 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests import redis_servers as rs
 
 REQUIRE_REDIS = os.environ.get("RATEKEEPER_REQUIRE_REDIS") == "1"
+
+# HYPOTHESIS_PROFILE=deep runs 20x the examples of the default profile (a search, not CI)
+settings.register_profile("deep", max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _need_redis() -> None:

@@ -21,7 +21,8 @@ def test_docstring_timeline() -> None:
     d = limiter.hit("k", "2/minute", **SL)
     assert (d.allowed, d.retry_after, d.reset_at) == (False, 15.0, T0 + 90)
     clock.set(T0 + 59.999)
-    assert not limiter.hit("k", "2/minute", **SL).allowed
+    d = limiter.hit("k", "2/minute", **SL)
+    assert (d.allowed, d.retry_after) == (False, 0.001)
     clock.set(T0 + 60)
     d = limiter.hit("k", "2/minute", **SL)
     assert (d.allowed, d.remaining, d.reset_at) == (True, 0, T0 + 120)
