@@ -196,3 +196,13 @@ def test_rates_may_be_given_as_objects_and_lists() -> None:
     assert not limiter.hit("k", tuple(stack)).allowed
     assert not limiter.hit("k", "1/second; 5/minute").allowed  # the same state, however spelled
     assert limiter.peek("k", Rate(5, 60.0)).remaining == 4
+
+
+def test_validation_does_not_depend_on_what_was_cached_before() -> None:
+    limiter, _ = make_limiter()
+    assert limiter.hit("k", "5/minute", algorithm="token_bucket", burst=5).allowed
+    assert limiter.hit("k", "5/minute", algorithm="sliding_window", buckets=1).allowed
+    with pytest.raises(ConfigError, match=r"option burst=5.0 for token_bucket is invalid"):
+        limiter.hit("k", "5/minute", algorithm="token_bucket", burst=5.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"option buckets=True for sliding_window is invalid"):
+        limiter.hit("k", "5/minute", algorithm="sliding_window", buckets=True)
