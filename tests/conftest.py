@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -69,3 +70,23 @@ def redis_cluster() -> Iterator[rs.RedisCluster]:
     cluster = rs.RedisCluster()
     yield cluster
     cluster.stop()
+
+
+STORES = ("memory",)
+
+
+@pytest.fixture(params=STORES)
+def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
+    """Every store, one per parameter: ``make_store()`` returns a store on the same backend.
+
+    Only the memory store on this branch; the Redis stores' branch defines the same fixture
+    over every store, and the tests that take it then run on each.
+    """
+    from ratekeeper import MemoryStore
+
+    memory = MemoryStore()
+
+    def make() -> Any:
+        return memory
+
+    yield make

@@ -6,6 +6,7 @@ nothing is mocked. ``T0`` is aligned to the hour, so ``T0 + 75`` is "1:15" on a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +20,14 @@ T0 = 1_699_999_200.0
 
 NAMES = tuple(sorted(ALGORITHMS))
 
+StoreFactory = Callable[[], Any]
+"""The ``make_store`` fixture's type: each call returns a store on the test's backend."""
 
-def make_limiter(start: float = T0) -> tuple[Limiter, ManualClock]:
-    """A fresh memory-store limiter and the clock that drives it."""
+
+def make_limiter(start: float = T0, store: Any = None) -> tuple[Limiter, ManualClock]:
+    """A limiter on ``store`` (default: a fresh memory store) and the clock that drives it."""
     clock = ManualClock(start=start)
-    return Limiter(store=MemoryStore(), clock=clock), clock
+    return Limiter(store=MemoryStore() if store is None else store, clock=clock), clock
 
 
 def burst(limiter: Limiter, key: str, rate: str | Rate, n: int, **options: Any) -> int:

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from ratekeeper import Rate
 from ratekeeper.algorithms import fixed_window
-from tests.harness import T0, make_limiter, replay, small_rates, timelines
+from tests.harness import T0, StoreFactory, make_limiter, replay, small_rates, timelines
 
 
-def test_docstring_timeline() -> None:
-    limiter, clock = make_limiter()
+def test_docstring_timeline(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     clock.set(T0 + 10)
     assert limiter.hit("k", "3/minute").reset_at == T0 + 70
     clock.set(T0 + 20)
@@ -30,8 +30,8 @@ def test_docstring_timeline() -> None:
     assert (d.allowed, d.remaining, d.reset_at) == (True, 2, T0 + 130)
 
 
-def test_reset_at_never_wobbles_within_a_window() -> None:
-    limiter, clock = make_limiter(T0 + 0.123)
+def test_reset_at_never_wobbles_within_a_window(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(T0 + 0.123, store=make_store())
     resets = set()
     headers = set()
     for step_ms in range(0, 60_000, 997):
@@ -57,8 +57,8 @@ def test_stored_window_whose_end_passed_is_treated_as_fresh() -> None:
     assert fixed_window.refund(full, limit, end + 5, 1) is None
 
 
-def test_refund_keeps_the_window_end() -> None:
-    limiter, clock = make_limiter()
+def test_refund_keeps_the_window_end(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     for _ in range(3):
         limiter.hit("k", "3/minute")
     clock.advance(20)

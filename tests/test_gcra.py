@@ -10,13 +10,22 @@ from hypothesis import strategies as st
 
 from ratekeeper import ConfigError, Limiter
 from ratekeeper.algorithms.gcra import interval_us
-from tests.harness import T0, burst, drain, make_limiter, replay, small_rates, timelines
+from tests.harness import (
+    T0,
+    StoreFactory,
+    burst,
+    drain,
+    make_limiter,
+    replay,
+    small_rates,
+    timelines,
+)
 
 GCRA = {"algorithm": "gcra"}
 
 
-def test_docstring_timeline() -> None:
-    limiter, clock = make_limiter()
+def test_docstring_timeline(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     d = limiter.hit("k", "2/second", burst=1, **GCRA)
     assert (d.allowed, d.reset_at) == (True, T0 + 0.5)
     clock.set(T0 + 0.1)
@@ -27,8 +36,8 @@ def test_docstring_timeline() -> None:
     assert (d.allowed, d.reset_at) == (True, T0 + 1.0)
 
 
-def test_burst_one_spaces_requests_evenly() -> None:
-    limiter, clock = make_limiter()
+def test_burst_one_spaces_requests_evenly(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     admitted_at = []
     for ms in range(0, 2000):
         clock.set(T0 + ms / 1000)
@@ -37,8 +46,8 @@ def test_burst_one_spaces_requests_evenly() -> None:
     assert admitted_at == list(range(0, 2000, 100))  # one per 100 ms emission interval
 
 
-def test_retry_after_is_exact_to_the_millisecond() -> None:
-    limiter, clock = make_limiter()
+def test_retry_after_is_exact_to_the_millisecond(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     assert drain(limiter, "k", "3/second", **GCRA) == 3
     d = limiter.hit("k", "3/second", **GCRA)
     # T = 333_334 us (rounded up); 4 units need now >= 4T - 3T: 333.334 ms -> 334 ms
@@ -50,8 +59,10 @@ def test_retry_after_is_exact_to_the_millisecond() -> None:
     assert limiter.hit("k", "3/second", **GCRA).allowed
 
 
-def test_default_burst_is_the_count_and_cost_above_burst_never_fits() -> None:
-    limiter, _ = make_limiter()
+def test_default_burst_is_the_count_and_cost_above_burst_never_fits(
+    make_store: StoreFactory,
+) -> None:
+    limiter, _ = make_limiter(store=make_store())
     assert burst(limiter, "k", "5/minute", 9, **GCRA) == 5
     d = limiter.hit("j", "5/minute", cost=6, **GCRA)
     assert not d.allowed and d.retry_after == math.inf

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ from ratekeeper import (
     Rate,
     RateSpecError,
 )
-from tests.harness import NAMES, T0, make_limiter
+from tests.harness import NAMES, T0, StoreFactory, make_limiter
 
 
 def _public(cls: type) -> dict[str, Any]:
@@ -206,3 +207,26 @@ def test_validation_does_not_depend_on_what_was_cached_before() -> None:
         limiter.hit("k", "5/minute", algorithm="token_bucket", burst=5.0)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"option buckets=True for sliding_window is invalid"):
         limiter.hit("k", "5/minute", algorithm="sliding_window", buckets=True)
+
+
+@pytest.mark.parametrize("algorithm", NAMES)
+def test_eight_threads_on_one_key_admit_exactly_the_limit(
+    algorithm: str, make_store: StoreFactory
+) -> None:
+    limiter, _ = make_limiter(store=make_store())
+    admitted = [0] * 8
+    start = threading.Barrier(8)
+
+    def hammer(i: int) -> None:
+        start.wait()
+        for _ in range(250):
+            if limiter.hit("k", "1000/minute", algorithm=algorithm).allowed:
+                admitted[i] += 1
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) == 1000
+    assert limiter.peek("k", "1000/minute", algorithm=algorithm).remaining == 0

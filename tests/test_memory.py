@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
@@ -11,27 +10,6 @@ from ratekeeper import AsyncLimiter, Limiter, ManualClock, MemoryStore
 from tests.harness import NAMES, T0, drain
 
 algorithms = pytest.mark.parametrize("algorithm", NAMES)
-
-
-@algorithms
-def test_eight_threads_on_one_key_admit_exactly_the_limit(algorithm: str) -> None:
-    limiter = Limiter(store=MemoryStore(), clock=ManualClock(T0))
-    admitted = [0] * 8
-    start = threading.Barrier(8)
-
-    def hammer(i: int) -> None:
-        start.wait()
-        for _ in range(250):
-            if limiter.hit("k", "1000/minute", algorithm=algorithm).allowed:
-                admitted[i] += 1
-
-    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sum(admitted) == 1000
-    assert limiter.peek("k", "1000/minute", algorithm=algorithm).remaining == 0
 
 
 @algorithms

@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratekeeper import ConfigError, Limiter
-from tests.harness import T0, make_limiter, small_rates, timelines
+from tests.harness import T0, StoreFactory, make_limiter, small_rates, timelines
 
 SL = {"algorithm": "sliding_log"}
 
 
-def test_docstring_timeline() -> None:
-    limiter, clock = make_limiter()
+def test_docstring_timeline(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     assert limiter.hit("k", "2/minute", **SL).allowed
     clock.set(T0 + 30)
     assert limiter.hit("k", "2/minute", **SL).allowed
@@ -28,8 +28,8 @@ def test_docstring_timeline() -> None:
     assert (d.allowed, d.remaining, d.reset_at) == (True, 0, T0 + 120)
 
 
-def test_retry_after_for_a_cost_waits_for_enough_old_units() -> None:
-    limiter, clock = make_limiter()
+def test_retry_after_for_a_cost_waits_for_enough_old_units(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     for at in (0, 10, 20, 30):
         clock.set(T0 + at)
         assert limiter.hit("k", "4/minute", **SL).allowed

@@ -7,23 +7,24 @@ from hypothesis import strategies as st
 
 from ratekeeper import Rate
 from ratekeeper.algorithms import sliding_window
-from tests.harness import T0, drain, make_limiter, replay, small_rates, timelines
+from tests.harness import T0, StoreFactory, drain, make_limiter, replay, small_rates, timelines
 
 SW = {"algorithm": "sliding_window"}
 
 
-def test_classdojo_one_bucket_admits_25_at_1_15_and_75_at_1_45() -> None:
+def test_classdojo_one_bucket_admits_25_at_1_15_and_75_at_1_45(make_store: StoreFactory) -> None:
     for at, expected in ((75, 25), (105, 75)):
-        limiter, clock = make_limiter()
+        limiter, clock = make_limiter(store=make_store())
+        key = f"client-{at}"  # one store for both runs: a key each
         for i in range(100):
             clock.set(T0 + i * 0.15)
-            assert limiter.hit("k", "100/minute", **SW).allowed
+            assert limiter.hit(key, "100/minute", **SW).allowed
         clock.set(T0 + at)
-        assert drain(limiter, "k", "100/minute", **SW) == expected
+        assert drain(limiter, key, "100/minute", **SW) == expected
 
 
-def test_classdojo_two_buckets_admit_50_at_1_15() -> None:
-    limiter, clock = make_limiter()
+def test_classdojo_two_buckets_admit_50_at_1_15(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     for i in range(100):
         clock.set(T0 + i * 0.15)
         assert limiter.hit("k", "100/minute", buckets=2, **SW).allowed
@@ -31,8 +32,10 @@ def test_classdojo_two_buckets_admit_50_at_1_15() -> None:
     assert drain(limiter, "k", "100/minute", buckets=2, **SW) == 50
 
 
-def test_classdojo_late_burst_still_blocked_at_1_15_with_two_buckets() -> None:
-    limiter, clock = make_limiter()
+def test_classdojo_late_burst_still_blocked_at_1_15_with_two_buckets(
+    make_store: StoreFactory,
+) -> None:
+    limiter, clock = make_limiter(store=make_store())
     clock.set(T0 + 59.4)
     assert sum(limiter.hit("k", "100/minute", buckets=2, **SW).allowed for _ in range(100)) == 100
     clock.set(T0 + 75)
@@ -46,8 +49,10 @@ def test_classdojo_late_burst_still_blocked_at_1_15_with_two_buckets() -> None:
     assert limiter.hit("k", "100/minute", buckets=2, **SW).allowed
 
 
-def test_classdojo_late_burst_with_one_bucket_lets_25_through_at_1_15() -> None:
-    limiter, clock = make_limiter()
+def test_classdojo_late_burst_with_one_bucket_lets_25_through_at_1_15(
+    make_store: StoreFactory,
+) -> None:
+    limiter, clock = make_limiter(store=make_store())
     clock.set(T0 + 59.4)
     for _ in range(100):
         assert limiter.hit("k", "100/minute", **SW).allowed
@@ -55,8 +60,8 @@ def test_classdojo_late_burst_with_one_bucket_lets_25_through_at_1_15() -> None:
     assert drain(limiter, "k", "100/minute", **SW) == 25
 
 
-def test_reset_at_is_when_the_newest_bucket_stops_counting() -> None:
-    limiter, clock = make_limiter()
+def test_reset_at_is_when_the_newest_bucket_stops_counting(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     clock.set(T0 + 10)
     d = limiter.hit("k", "100/minute", buckets=2, **SW)
     # counted from the 0:00-0:30 bucket: in full until 1:00, fading out by 1:30

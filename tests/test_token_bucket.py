@@ -7,13 +7,13 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.harness import burst, drain, make_limiter, replay, small_rates, timelines
+from tests.harness import StoreFactory, burst, drain, make_limiter, replay, small_rates, timelines
 
 TB = {"algorithm": "token_bucket"}
 
 
-def test_stripe_burst_example() -> None:
-    limiter, clock = make_limiter()
+def test_stripe_burst_example(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     assert burst(limiter, "k", "100/second", 500, burst=500, **TB) == 500
     d = limiter.hit("k", "100/second", burst=500, **TB)
     assert (d.allowed, d.retry_after, d.limit, d.remaining) == (False, 0.01, 500, 0)
@@ -22,8 +22,8 @@ def test_stripe_burst_example() -> None:
     assert drain(limiter, "k", "100/second", burst=500, **TB) == 100
 
 
-def test_steady_rate_after_a_burst_is_one_per_interval() -> None:
-    limiter, clock = make_limiter()
+def test_steady_rate_after_a_burst_is_one_per_interval(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     assert drain(limiter, "k", "100/second", burst=500, **TB) == 500
     for _ in range(50):
         clock.advance(0.009)
@@ -32,8 +32,8 @@ def test_steady_rate_after_a_burst_is_one_per_interval() -> None:
         assert limiter.hit("k", "100/second", burst=500, **TB).allowed
 
 
-def test_fractional_refill() -> None:
-    limiter, clock = make_limiter()
+def test_fractional_refill(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     assert drain(limiter, "k", "3/second", **TB) == 3
     d = limiter.hit("k", "3/second", **TB)
     assert d.retry_after == 0.334  # one token is 1000/3 ms of refill, rounded up to whole ms
@@ -45,8 +45,8 @@ def test_fractional_refill() -> None:
     assert drain(limiter, "k", "3/second", **TB) == 2
 
 
-def test_cost_above_one() -> None:
-    limiter, clock = make_limiter()
+def test_cost_above_one(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
     d = limiter.hit("k", "10/second", cost=7, **TB)
     assert (d.allowed, d.remaining) == (True, 3)
     d = limiter.hit("k", "10/second", cost=4, **TB)
@@ -57,8 +57,8 @@ def test_cost_above_one() -> None:
     assert not d.allowed and d.retry_after == math.inf
 
 
-def test_refund_never_overfills() -> None:
-    limiter, _ = make_limiter()
+def test_refund_never_overfills(make_store: StoreFactory) -> None:
+    limiter, _ = make_limiter(store=make_store())
     limiter.hit("k", "10/second", cost=2, **TB)
     limiter.refund("k", "10/second", cost=5, **TB)
     assert limiter.peek("k", "10/second", **TB).remaining == 10
