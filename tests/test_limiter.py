@@ -80,14 +80,9 @@ def test_defaults_are_a_memory_store_and_the_system_clock() -> None:
     assert isinstance(limiter.store, MemoryStore) and limiter.clock is time.time
     d = limiter.hit("k", "5/minute")
     assert d.allowed and abs(d.now - time.time()) < 60
-    assert limiter.stats() == {
-        "degraded": 0,
-        "store_errors": 0,
-        "breaker_opened": 0,
-        "breaker_skips": 0,
-        "breaker": "closed",
-        "consecutive_failures": 0,
-    }
+    stats = limiter.stats()
+    assert stats["breaker"] == "closed"
+    assert all(v == 0 for k, v in stats.items() if k != "breaker"), stats
 
 
 @pytest.mark.parametrize(
