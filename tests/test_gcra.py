@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -21,7 +22,7 @@ from tests.harness import (
     timelines,
 )
 
-GCRA = {"algorithm": "gcra"}
+GCRA: dict[str, Any] = {"algorithm": "gcra"}
 
 
 def test_docstring_timeline(make_store: StoreFactory) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from ratekeeper import ConfigError, Limiter
 from tests.harness import T0, StoreFactory, make_limiter, small_rates, timelines
 
-SL = {"algorithm": "sliding_log"}
+SL: dict[str, Any] = {"algorithm": "sliding_log"}
 
 
 def test_docstring_timeline(make_store: StoreFactory) -> None:

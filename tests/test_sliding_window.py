@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,7 +11,7 @@ from ratekeeper import Rate
 from ratekeeper.algorithms import sliding_window
 from tests.harness import T0, StoreFactory, drain, make_limiter, replay, small_rates, timelines
 
-SW = {"algorithm": "sliding_window"}
+SW: dict[str, Any] = {"algorithm": "sliding_window"}
 
 
 def test_classdojo_one_bucket_admits_25_at_1_15_and_75_at_1_45(make_store: StoreFactory) -> None:
@@ -88,8 +90,8 @@ def test_aligned_periods_hold_the_limit_and_any_period_twice_it(data: st.DataObj
     for a in admitted:
         index = (round(T0 * 1000) + offset_ms + a.at_ms) * buckets // rate.period_ms
         by_bucket[index] = by_bucket.get(index, 0) + a.cost
-    for first in by_bucket:
-        aligned = sum(by_bucket.get(first + j, 0) for j in range(buckets))
+    for oldest in by_bucket:
+        aligned = sum(by_bucket.get(oldest + j, 0) for j in range(buckets))
         assert aligned <= rate.count
     for first in admitted:
         inside = sum(

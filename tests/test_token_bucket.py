@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.harness import StoreFactory, burst, drain, make_limiter, replay, small_rates, timelines
 
-TB = {"algorithm": "token_bucket"}
+TB: dict[str, Any] = {"algorithm": "token_bucket"}
 
 
 def test_stripe_burst_example(make_store: StoreFactory) -> None:
