@@ -13,9 +13,11 @@ from tests import redis_servers as rs
 
 REQUIRE_REDIS = os.environ.get("RATEKEEPER_REQUIRE_REDIS") == "1"
 
-# HYPOTHESIS_PROFILE=deep runs 20x the examples of the default profile (a search, not CI)
-settings.register_profile("deep", max_examples=2000)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# No per-example deadline: tests assert behaviour, never speed, and the machine is shared.
+# HYPOTHESIS_PROFILE=deep runs 20x the examples (a search for rare cases, not for CI).
+settings.register_profile("ratekeeper", deadline=None)
+settings.register_profile("deep", parent=settings.get_profile("ratekeeper"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ratekeeper"))
 
 
 def _need_redis() -> None:
