@@ -26,7 +26,9 @@ class Decision:
     allowed the one with the least ``remaining``. ``reset_at`` is epoch seconds when that rate
     fully resets or refills; ``retry_after`` is 0 when allowed, else seconds until the same
     request would be admitted (``math.inf`` if never, e.g. cost above capacity).
-    ``degraded`` marks a fail-open answer given without the store.
+    ``degraded`` marks a fail-open answer given without the store. ``quotas`` holds each
+    stack rate's capacity (``burst`` when set), shown as ``q`` in ``RateLimit-Policy``; when
+    empty, the deciding rate's quota is ``limit`` and every other rate's is its count.
     """
 
     allowed: bool
@@ -38,6 +40,7 @@ class Decision:
     stack: tuple[Rate, ...]
     now: float
     degraded: bool = False
+    quotas: tuple[int, ...] = ()
 
     @property
     def used(self) -> int:
@@ -69,6 +72,8 @@ class Decision:
 
 
 def _quota(rate: Rate, decision: Decision) -> int:
+    if decision.quotas:
+        return decision.quotas[decision.stack.index(rate)]
     return decision.limit if rate == decision.rate else rate.count
 
 

@@ -126,6 +126,7 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
         policy.rates[chosen],
         policy.rates,
         plan.now_ms / 1000,
+        quotas=() if len(outcomes) == 1 else tuple(lim.capacity for lim in policy.limits),
     )
 
 
