@@ -71,6 +71,17 @@ def test_a_stack_lists_every_policy_and_names_the_deciding_one() -> None:
     assert h["RateLimit"] == d.headers()["RateLimit"] and "Retry-After" in d.headers()
 
 
+def test_policy_quotas_do_not_change_with_the_deciding_rate() -> None:
+    # burst applies to every rate of the stack: each holds 50, whichever decides
+    limiter, _ = make_limiter()
+    policies = set()
+    for _ in range(60):
+        d = limiter.hit("k", "10/second; 100/minute", algorithm="token_bucket", burst=50)
+        policies.add(d.headers()["RateLimit-Policy"])
+        assert d.headers()["X-RateLimit-Limit"] == "50"
+    assert policies == {'"10/1s";q=50;w=1, "100/1m";q=50;w=60'}
+
+
 def test_policy_names_are_quoted_and_escaped() -> None:
     limiter, _ = make_limiter()
     d = limiter.hit("k", "5/minute")
