@@ -90,10 +90,10 @@ def report(traffic: Traffic, runs: Sequence[Run]) -> str:
     for r in runs:
         lines += ["", f"== {r.algorithm}"]
         rejected = next(((t, d) for t, d in r.answers if not d.allowed), None)
-        moments = [("first request", r.answers[0])] if rejected is None else []
-        if rejected is not None:
-            moments.append(("first rejection", rejected))
-        moments.append(("last request", r.answers[-1]))
+        first = (
+            ("first request", r.answers[0]) if rejected is None else ("first rejection", rejected)
+        )
+        moments = [first, ("last request", r.answers[-1])]
         for label, (t, d) in moments:
             verdict = "admitted" if d.allowed else "rejected (429)"
             lines.append(f"  {label}, t={t:g}s: {verdict}")
