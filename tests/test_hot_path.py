@@ -98,3 +98,23 @@ def test_sliding_window_unrolled_step_matches_the_general_one(seed: int) -> None
             fast, fast_state = sliding_window.step(fast_state, limit, now, cost, charge)
             slow, slow_state = sliding_window._step_buckets(slow_state, limit, now, cost, charge)
             assert fast == slow and fast_state == slow_state
+
+
+def test_fast_builders_set_every_field() -> None:
+    """A field added to Decision or Plan must be added to the fast builders too."""
+    limiter = Limiter(store=MemoryStore(), clock=ManualClock(1_700_000_000.0))
+    rate = Rate(5, 60.0)
+    decisions = [
+        make_decision(True, 5, 4, 1.0, 0.0, rate, (rate,), 0.5),
+        limiter.hit("k", "5/minute"),
+        limiter.hit("k", "5/minute; 9/hour", algorithm="gcra", burst=2),
+    ]
+    for d in decisions:
+        assert {f.name: getattr(d, f.name) for f in dataclasses.fields(Decision)}
+    policy = make_policy("5/minute", "fixed_window", None, None)
+    plans = [
+        make_plan("hit", policy, "k", 1, 1),
+        limiter._core.plan("hit", "k", "5/minute", "fixed_window", 1, None, None),
+    ]
+    for p in plans:
+        assert {f.name: getattr(p, f.name) for f in dataclasses.fields(Plan)}

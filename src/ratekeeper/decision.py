@@ -26,7 +26,9 @@ class Decision:
     allowed the one with the least ``remaining``. ``reset_at`` is epoch seconds when that rate
     fully resets or refills; ``retry_after`` is 0 when allowed, else seconds until the same
     request would be admitted (``math.inf`` if never, e.g. cost above capacity).
-    ``degraded`` marks a fail-open answer given without the store.
+    ``degraded`` marks a fail-open answer given without the store. ``quotas`` holds each
+    stack rate's capacity (``burst`` when set), shown as ``q`` in ``RateLimit-Policy``; when
+    empty, the deciding rate's quota is ``limit`` and every other rate's is its count.
     """
 
     allowed: bool
@@ -38,6 +40,7 @@ class Decision:
     stack: tuple[Rate, ...]
     now: float
     degraded: bool = False
+    quotas: tuple[int, ...] = ()
 
     @property
     def used(self) -> int:
@@ -87,6 +90,7 @@ class _DecisionFields:
     stack: tuple[Rate, ...]
     now: float
     degraded: bool
+    quotas: tuple[int, ...]
 
 
 def make_decision(
@@ -99,6 +103,7 @@ def make_decision(
     stack: tuple[Rate, ...],
     now: float,
     degraded: bool = False,
+    quotas: tuple[int, ...] = (),
 ) -> Decision:
     """``Decision(...)`` with the same arguments, built without the frozen ``__init__``."""
     d = _DecisionFields()
@@ -111,11 +116,14 @@ def make_decision(
     d.stack = stack
     d.now = now
     d.degraded = degraded
+    d.quotas = quotas
     d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
     return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
 
 
 def _quota(rate: Rate, decision: Decision) -> int:
+    if decision.quotas:
+        return decision.quotas[decision.stack.index(rate)]
     return decision.limit if rate == decision.rate else rate.count
 
 

@@ -87,7 +87,13 @@ class _Core:
         buckets: int | None,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
-        cache_key = (rate, algorithm, burst, buckets)
+        # the option types are part of the key: burst=5.0 equals burst=5 but is not valid
+        # (without options, the short key skips two type() calls on the hot path)
+        cache_key: tuple[Any, ...] = (
+            (rate, algorithm)
+            if burst is None and buckets is None
+            else (rate, algorithm, burst, buckets, type(burst), type(buckets))
+        )
         try:
             policy = self._policies.get(cache_key)
         except TypeError:  # an unhashable rate sequence (a list): not cached

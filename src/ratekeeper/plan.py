@@ -139,6 +139,7 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
         d.stack = policy.rates
         d.now = plan.now_ms / 1000
         d.degraded = False
+        d.quotas = ()
         d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
         return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
     allowed = all(o.allowed for o in outcomes)
@@ -159,6 +160,7 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
         policy.rates[chosen],
         policy.rates,
         plan.now_ms / 1000,
+        quotas=() if len(outcomes) == 1 else tuple(lim.capacity for lim in policy.limits),
     )
 
 

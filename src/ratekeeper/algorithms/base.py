@@ -29,6 +29,9 @@ EXACT = 2**53
 
 INF = float("inf")
 
+HORIZON_MS = 4_102_444_800_000
+"""2100-01-01 in epoch ms: exactness checks that add a duration to ``now`` assume now before it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limit:

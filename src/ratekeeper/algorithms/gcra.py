@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..rates import Rate
-from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
+from .base import HORIZON_MS, INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
 
 NAME = "gcra"
 CODE = "g"
@@ -36,7 +36,9 @@ def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
         raise ConfigError(
             f"rate {rate} is above 1,000,000/second, too fine for gcra; use token_bucket"
         )
-    check_exact(burst * interval_us(rate.count, rate.period_ms), f"burst {burst} x interval", NAME)
+    # the largest value a step computes is now + burst*T (the stored tat) + cost*T <= now + 2*tau
+    tau = burst * interval_us(rate.count, rate.period_ms)
+    check_exact(HORIZON_MS * 1000 + 2 * tau, f"burst {burst} x interval", NAME)
     return Limit(rate, rate.count, rate.period_ms, burst=burst)
 
 
