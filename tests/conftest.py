@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests import redis_servers as rs
 
 REQUIRE_REDIS = os.environ.get("RATEKEEPER_REQUIRE_REDIS") == "1"
+
+# No per-example deadline: tests assert behaviour, never speed, and the machine is shared.
+# HYPOTHESIS_PROFILE=deep runs 20x the examples (a search for rare cases, not for CI).
+settings.register_profile("ratekeeper", deadline=None)
+settings.register_profile("deep", parent=settings.get_profile("ratekeeper"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ratekeeper"))
 
 
 def _need_redis() -> None:
@@ -64,3 +72,23 @@ def redis_cluster() -> Iterator[rs.RedisCluster]:
     cluster = rs.RedisCluster()
     yield cluster
     cluster.stop()
+
+
+STORES = ("memory",)
+
+
+@pytest.fixture(params=STORES)
+def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
+    """Every store, one per parameter: ``make_store()`` returns a store on the same backend.
+
+    Only the memory store on this branch; the Redis stores' branch defines the same fixture
+    over every store, and the tests that take it then run on each.
+    """
+    from ratekeeper import MemoryStore
+
+    memory = MemoryStore()
+
+    def make() -> Any:
+        return memory
+
+    yield make

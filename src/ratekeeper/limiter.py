@@ -23,7 +23,17 @@ from .algorithms import Outcome
 from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
-from .plan import Op, Plan, Policy, check_cost, check_key, decide, degraded, make_policy
+from .plan import (
+    Op,
+    Plan,
+    Policy,
+    _PlanFields,
+    check_cost,
+    check_key,
+    decide,
+    degraded,
+    make_policy,
+)
 from .rates import Rate
 from .stores.base import AsyncStore, Store
 from .stores.memory import MemoryStore
@@ -77,7 +87,13 @@ class _Core:
         buckets: int | None,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
-        cache_key = (rate, algorithm, burst, buckets)
+        # the option types are part of the key: burst=5.0 equals burst=5 but is not valid
+        # (without options, the short key skips two type() calls on the hot path)
+        cache_key: tuple[Any, ...] = (
+            (rate, algorithm)
+            if burst is None and buckets is None
+            else (rate, algorithm, burst, buckets, type(burst), type(buckets))
+        )
         try:
             policy = self._policies.get(cache_key)
         except TypeError:  # an unhashable rate sequence (a list): not cached
@@ -93,7 +109,16 @@ class _Core:
             check_cost(cost)
             if cost == 0 and op in ("hit", "peek"):
                 op, cost = "peek", 1
-        return Plan(op, policy, key, int(self.clock() * 1000), cost)
+        p = _PlanFields()  # make_plan's body, inlined (the hot path)
+        p.op = op
+        p.policy = policy
+        p.key = key
+        # round, not truncate: a float clock moved by ``retry_after`` lands a hair below the
+        # intended millisecond about one time in ten, and truncating would then decide 1 ms early
+        p.now_ms = round(self.clock() * 1000)
+        p.cost = cost
+        p.__class__ = Plan  # type: ignore[assignment]  # same slots: see plan._PlanFields
+        return p  # type: ignore[return-value]  # it is a Plan now; cast() would cost a call
 
     def skip_store(self, plan: Plan) -> bool:
         """True while the breaker is open (the call should not reach the store)."""
@@ -187,13 +212,14 @@ class Limiter(_Base):
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
+        if core._open_until and core.skip_store(plan):
             return core.failed(plan, None)
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
             return core.failed(plan, exc)
-        core.succeeded()
+        if core._failures:
+            core.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     def hit(
@@ -272,13 +298,14 @@ class AsyncLimiter(_Base):
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
+        if core._open_until and core.skip_store(plan):
             return core.failed(plan, None)
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
             return core.failed(plan, exc)
-        core.succeeded()
+        if core._failures:
+            core.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     async def hit(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .algorithms import ALGORITHMS, Algorithm, Limit, Outcome
-from .decision import Decision
+from .decision import Decision, _DecisionFields, make_decision
 from .errors import ConfigError, RateSpecError
 from .rates import Rate, to_rates
 
@@ -43,6 +43,29 @@ class Plan:
     key: str
     now_ms: int
     cost: int
+
+
+class _PlanFields:
+    """``Plan``'s slots, writable: see ``decision._DecisionFields`` for why and how."""
+
+    __slots__ = Plan.__slots__
+    op: Op
+    policy: Policy
+    key: str
+    now_ms: int
+    cost: int
+
+
+def make_plan(op: Op, policy: Policy, key: str, now_ms: int, cost: int) -> Plan:
+    """``Plan(...)`` with the same arguments, built without the frozen ``__init__``."""
+    p = _PlanFields()
+    p.op = op
+    p.policy = policy
+    p.key = key
+    p.now_ms = now_ms
+    p.cost = cost
+    p.__class__ = Plan  # type: ignore[assignment]  # same slots: see _PlanFields
+    return p  # type: ignore[return-value]  # it is a Plan now; cast() would cost a call
 
 
 def make_policy(
@@ -104,20 +127,31 @@ def run_stack(
 def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
     """Fold per-rate outcomes into the caller's ``Decision`` (see its docstring for the rule)."""
     policy = plan.policy
-    if len(outcomes) == 1:
-        chosen = 0
-        allowed = outcomes[0].allowed
+    if len(outcomes) == 1:  # one rate: make_decision's body, inlined (the hot path)
+        o = outcomes[0]
+        d = _DecisionFields()
+        d.allowed = allowed = o.allowed
+        d.limit = policy.limits[0].capacity
+        d.remaining = o.remaining
+        d.reset_at = o.reset_ms / 1000
+        d.retry_after = 0.0 if allowed else o.retry_ms / 1000
+        d.rate = policy.rates[0]
+        d.stack = policy.rates
+        d.now = plan.now_ms / 1000
+        d.degraded = False
+        d.quotas = ()
+        d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
+        return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
+    allowed = all(o.allowed for o in outcomes)
+    if allowed:
+        chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
     else:
-        allowed = all(o.allowed for o in outcomes)
-        if allowed:
-            chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
-        else:
-            chosen = max(
-                (i for i, o in enumerate(outcomes) if not o.allowed),
-                key=lambda i: outcomes[i].retry_ms,
-            )
+        chosen = max(
+            (i for i, o in enumerate(outcomes) if not o.allowed),
+            key=lambda i: outcomes[i].retry_ms,
+        )
     o = outcomes[chosen]
-    return Decision(
+    return make_decision(
         o.allowed and allowed,
         policy.limits[chosen].capacity,
         o.remaining,
@@ -126,13 +160,14 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
         policy.rates[chosen],
         policy.rates,
         plan.now_ms / 1000,
+        quotas=() if len(outcomes) == 1 else tuple(lim.capacity for lim in policy.limits),
     )
 
 
 def degraded(plan: Plan) -> Decision:
     """The fail-open answer when the store could not be asked: allowed, marked degraded."""
     limit = plan.policy.limits[0]
-    return Decision(
+    return make_decision(
         True,
         limit.capacity,
         limit.capacity,

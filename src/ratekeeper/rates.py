@@ -38,7 +38,11 @@ ACCEPTED = (
     "(units: s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s))"
 )
 MAX_COUNT = 10**12
-_RATE = re.compile(r"^\s*(?P<count>\S+?)\s*(?:/|\s+per\s+)\s*(?P<mult>\d+)?\s*(?P<unit>[a-z]+)\s*$")
+MAX_PERIOD_MS = 3650 * 86_400_000
+"""Ten years: keeps every algorithm's times far below 2**53 ms, where Lua's doubles are exact."""
+_RATE = re.compile(
+    r"^\s*(?P<count>\S+?)\s*(?:/|\s+per\s+)\s*(?P<mult>\d+)?\s*(?P<unit>[a-z]+)\s*$", re.ASCII
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,10 @@ class Rate:
         if period_ms < 1 or abs(period_ms - float(self.period) * 1000) > 1e-6:
             raise RateSpecError(
                 f"rate period {self.period!r} s is not a positive whole number of milliseconds"
+            )
+        if period_ms > MAX_PERIOD_MS:
+            raise RateSpecError(
+                f"rate period {self.period!r} s is too long; expected at most 3650 days"
             )
         object.__setattr__(self, "period", period_ms / 1000)
         object.__setattr__(self, "period_ms", period_ms)
@@ -112,7 +120,7 @@ def _parse_one(part: str, whole: str) -> Rate:
             f"rate part {part.strip()!r} of {whole!r} is not understood; expected {ACCEPTED}"
         )
     count_text, mult_text, unit = m.group("count"), m.group("mult"), m.group("unit")
-    if not count_text.isdigit():
+    if not (count_text.isascii() and count_text.isdigit()):
         raise RateSpecError(
             f"rate count {count_text!r} in {whole!r} is not a positive whole number; "
             f"expected {ACCEPTED}"
@@ -139,9 +147,14 @@ def to_rates(spec: str | Rate | Sequence[Rate]) -> tuple[Rate, ...]:
         return _parse_cached(spec)
     if isinstance(spec, Rate):
         return (spec,)
-    rates = tuple(spec)
+    try:
+        rates = tuple(spec)
+    except TypeError:
+        rates = ()
     if not rates or not all(isinstance(r, Rate) for r in rates):
         raise RateSpecError(
             f"rates {spec!r} must be a rate string, a Rate or a non-empty sequence of Rate"
         )
+    if len(set(rates)) != len(rates):
+        raise RateSpecError(f"rates {spec!r} name the same rate twice; each rate may appear once")
     return rates

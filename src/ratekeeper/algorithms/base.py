@@ -16,7 +16,9 @@ store and Redis reach identical decisions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import ConfigError
@@ -27,21 +29,27 @@ EXACT = 2**53
 
 INF = float("inf")
 
+HORIZON_MS = 4_102_444_800_000
+"""2100-01-01 in epoch ms: exactness checks that add a duration to ``now`` assume now before it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One rate of a stack with its algorithm's options resolved: all a step needs."""
+    """One rate of a stack with its algorithm's options resolved: all a step needs.
+
+    ``capacity`` is the most units that may pass at one instant: ``burst`` when set, else
+    ``count``. It is derived once here because every step reads it.
+    """
 
     rate: Rate
     count: int
     period_ms: int
     burst: int = 0
     buckets: int = 1
+    capacity: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def capacity(self) -> int:
-        """The most units that may pass at one instant (``burst`` when set, else ``count``)."""
-        return self.burst or self.count
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity", self.burst or self.count)
 
 
 class Outcome(NamedTuple):
@@ -51,6 +59,10 @@ class Outcome(NamedTuple):
     remaining: int
     reset_ms: int
     retry_ms: float
+
+
+new_outcome: Callable[[tuple[bool, int, int, float]], Outcome] = partial(tuple.__new__, Outcome)
+"""``Outcome(*fields)`` for the steps' hot path: skips the named tuple's Python ``__new__``."""
 
 
 class Algorithm(Protocol):

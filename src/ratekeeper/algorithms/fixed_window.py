@@ -18,7 +18,7 @@ period. Memory: one count and one end per key. Store: one read-modify-write per 
 from __future__ import annotations
 
 from ..rates import Rate
-from .base import INF, Limit, Outcome
+from .base import INF, Limit, Outcome, new_outcome
 
 NAME = "fixed_window"
 CODE = "f"
@@ -41,12 +41,14 @@ def step(
         count, end = 0, now_ms + limit.period_ms
     else:
         count, end = state
-    allowed = count + cost <= limit.count
-    if allowed and charge:
-        count += cost
-        state = (count, end)
-    retry = 0.0 if allowed else float(end - now_ms) if cost <= limit.count else INF
-    return Outcome(allowed, max(0, limit.count - count), end, retry), state
+    most = limit.count
+    if count + cost <= most:
+        if charge:
+            count += cost
+            state = (count, end)
+        return new_outcome((True, most - count, end, 0.0)), state
+    retry = float(end - now_ms) if cost <= most else INF
+    return new_outcome((False, max(0, most - count), end, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..rates import Rate
-from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option
+from .base import HORIZON_MS, INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
 
 NAME = "gcra"
 CODE = "g"
@@ -36,7 +36,9 @@ def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
         raise ConfigError(
             f"rate {rate} is above 1,000,000/second, too fine for gcra; use token_bucket"
         )
-    check_exact(burst * interval_us(rate.count, rate.period_ms), f"burst {burst} x interval", NAME)
+    # the largest value a step computes is now + burst*T (the stored tat) + cost*T <= now + 2*tau
+    tau = burst * interval_us(rate.count, rate.period_ms)
+    check_exact(HORIZON_MS * 1000 + 2 * tau, f"burst {burst} x interval", NAME)
     return Limit(rate, rate.count, rate.period_ms, burst=burst)
 
 
@@ -49,23 +51,19 @@ def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
     """Admit if the new arrival time stays within ``burst*T`` of now."""
-    t = interval_us(limit.count, limit.period_ms)
-    tau = limit.capacity * t
+    t = -(-limit.period_ms * 1000 // limit.count)  # interval_us, inlined: this is the hot path
+    capacity = limit.capacity
+    tau = capacity * t
     now_us = now_ms * 1000
     tat = now_us if state is None or state < now_us else state
     new_tat = tat + cost * t
-    allowed = cost <= limit.capacity and new_tat - now_us <= tau
-    if allowed and charge:
-        tat = new_tat
-        state = tat
+    if cost <= capacity and new_tat - now_us <= tau:
+        if charge:
+            tat = state = new_tat
+        return new_outcome((True, max(0, (now_us + tau - tat) // t), -(-tat // 1000), 0.0)), state
+    retry = INF if cost > capacity else float(-(-(new_tat - tau - now_us) // 1000))
     remaining = max(0, (now_us + tau - tat) // t)
-    if allowed:
-        retry = 0.0
-    elif cost > limit.capacity:
-        retry = INF
-    else:
-        retry = float(ceil_div(new_tat - tau - now_us, 1000))
-    return Outcome(allowed, remaining, ceil_div(tat, 1000), retry), state
+    return new_outcome((False, remaining, -(-tat // 1000), retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
@@ -78,4 +76,4 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
 
 def expires_ms(state: State, limit: Limit) -> int:
     """The arrival time: after it the key means the same as no key."""
-    return ceil_div(state, 1000)
+    return -(-state // 1000)  # ceil_div, inlined: runs on every admitted hit

@@ -19,7 +19,7 @@ from bisect import bisect_right, insort
 
 from ..errors import ConfigError
 from ..rates import Rate
-from .base import INF, Limit, Outcome
+from .base import INF, Limit, Outcome, new_outcome
 
 NAME = "sliding_log"
 CODE = "l"
@@ -51,20 +51,28 @@ def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
     """Admit if the entries inside the window plus ``cost`` fit the limit."""
-    log = _live(state, limit, now_ms)
-    allowed = len(log) + cost <= limit.count
+    most = limit.count
+    log: State = state[bisect_right(state, now_ms - limit.period_ms) :] if state else ()
+    size = len(log)
+    allowed = size + cost <= most
     if allowed and charge:
-        for _ in range(cost):
-            insort(log, now_ms)
-        state = tuple(log)
+        if not log or log[-1] <= now_ms:  # the usual case: now is the newest entry
+            log += (now_ms,) * cost
+        else:  # this caller's clock is behind the writer's: keep the log sorted
+            entries = list(log)
+            for _ in range(cost):
+                insort(entries, now_ms)
+            log = tuple(entries)
+        size += cost
+        state = log
     if allowed:
         retry = 0.0
-    elif cost > limit.count:
+    elif cost > most:
         retry = INF
     else:
-        retry = float(log[len(log) + cost - limit.count - 1] + limit.period_ms - now_ms)
+        retry = float(log[size + cost - most - 1] + limit.period_ms - now_ms)
     reset = max(now_ms, log[-1] + limit.period_ms) if log else now_ms
-    return Outcome(allowed, max(0, limit.count - len(log)), reset, retry), state
+    return new_outcome((allowed, max(0, most - size), reset, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:

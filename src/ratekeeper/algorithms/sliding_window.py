@@ -20,7 +20,7 @@ read-modify-write per decision.
 from __future__ import annotations
 
 from ..rates import Rate
-from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option
+from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
 
 NAME = "sliding_window"
 CODE = "s"
@@ -42,20 +42,20 @@ def _align(state: State | None, limit: Limit, now_ms: int) -> tuple[int, int, li
     """Shift the counts to the bucket holding now: (index, elapsed part x period, counts)."""
     n, p = limit.buckets, limit.period_ms
     cur = now_ms * n // p
-    counts = [0] * (n + 1)
-    if state is not None:
-        idx, stored = state
-        if cur < idx:  # this caller's clock is behind the writer's: count in the newest bucket
-            cur, elapsed = idx, 0
-            shift = 0
-        else:
-            elapsed = now_ms * n - cur * p
-            shift = cur - idx
-        for j, c in enumerate(stored):
-            if j + shift <= n:
-                counts[j + shift] = c
-        return cur, elapsed, counts
-    return cur, now_ms * n - cur * p, counts
+    if state is None:
+        return cur, now_ms * n - cur * p, [0] * (n + 1)
+    idx, stored = state
+    if cur < idx:  # this caller's clock is behind the writer's: count in the newest bucket
+        cur, elapsed, shift = idx, 0, 0
+    else:
+        elapsed = now_ms * n - cur * p
+        shift = cur - idx
+    if shift > n:
+        return cur, elapsed, [0] * (n + 1)
+    counts = [0] * shift + list(stored[: n + 1 - shift])
+    if len(counts) <= n:
+        counts += [0] * (n + 1 - len(counts))
+    return cur, elapsed, counts
 
 
 def _used(counts: list[int], elapsed: int, limit: Limit) -> int:
@@ -68,7 +68,54 @@ def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
     """Admit if the estimate plus ``cost`` stays within the limit."""
-    _n, p = limit.buckets, limit.period_ms
+    if limit.buckets != 1:
+        return _step_buckets(state, limit, now_ms, cost, charge)
+    # buckets=1, the default: the general step below with its two counters unrolled (the same
+    # arithmetic; tests/test_hot_path.py compares the two)
+    p, most = limit.period_ms, limit.count
+    cur = now_ms // p
+    new = old = 0
+    if state is None:
+        elapsed = now_ms - cur * p
+    else:
+        idx, stored = state
+        if cur < idx:  # this caller's clock is behind the writer's: count in the newest bucket
+            cur, elapsed = idx, 0
+        else:
+            elapsed = now_ms - cur * p
+        if cur == idx:
+            new = stored[0]
+            old = stored[1] if len(stored) > 1 else 0
+        elif cur == idx + 1:
+            old = stored[0]
+    used = new * p + old * (p - elapsed)
+    allowed = used + cost * p <= most * p
+    if allowed and charge:
+        new += cost
+        used += cost * p
+        state = (cur, (new, old) if old else (new,))
+    remaining = max(0, (most * p - used) // p)
+    reset = (cur + 2) * p if new else (cur + 1) * p if old else now_ms
+    if allowed:
+        return new_outcome((True, remaining, max(now_ms, reset), 0.0)), state
+    if cost > most:
+        retry = INF
+    else:  # _admit_at for one bucket: when the old counter has faded enough, or has left
+        room = (most - new - cost) * p
+        if room >= 0:
+            start, oldest = cur * p, old
+        else:
+            room, start, oldest = (most - cost) * p, (cur + 1) * p, new
+        need = p - room // oldest if oldest else 0
+        retry = float(max(now_ms, start + max(0, need)) - now_ms)
+    return new_outcome((False, remaining, max(now_ms, reset), retry)), state
+
+
+def _step_buckets(
+    state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
+) -> tuple[Outcome, State | None]:
+    """The general step, for any number of buckets."""
+    p = limit.period_ms
     cur, elapsed, counts = _align(state, limit, now_ms)
     used = _used(counts, elapsed, limit)
     allowed = used + cost * p <= limit.count * p
@@ -83,7 +130,7 @@ def step(
         retry = INF
     else:
         retry = float(_admit_at(counts, cur, limit, cost, now_ms) - now_ms)
-    return Outcome(allowed, remaining, _reset_ms(counts, cur, limit, now_ms), retry), state
+    return new_outcome((allowed, remaining, _reset_ms(counts, cur, limit, now_ms), retry)), state
 
 
 def _trim(counts: list[int]) -> tuple[int, ...]:
@@ -135,4 +182,5 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
 def expires_ms(state: State, limit: Limit) -> int:
     """When the newest bucket leaves the estimate."""
     idx, _ = state
-    return ceil_div((idx + limit.buckets + 1) * limit.period_ms, limit.buckets)
+    n = limit.buckets
+    return -(-(idx + n + 1) * limit.period_ms // n)  # ceil_div, inlined: runs on every admitted hit

@@ -15,7 +15,7 @@ Memory: two integers per key. Store: one read-modify-write per decision.
 from __future__ import annotations
 
 from ..rates import Rate
-from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option
+from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
 
 NAME = "token_bucket"
 CODE = "t"
@@ -47,21 +47,28 @@ def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
     """Refill to ``now_ms``, then take ``cost`` tokens if there are enough."""
-    scaled, updated = _level(state, limit, now_ms)
-    need = cost * limit.period_ms
-    allowed = scaled >= need
-    if allowed and charge:
-        scaled -= need
-        state = (scaled, updated)
-    full = limit.capacity * limit.period_ms
-    reset = max(now_ms, updated) + ceil_div(full - scaled, limit.count)
-    if allowed:
-        retry = 0.0
-    elif cost > limit.capacity:
-        retry = INF
+    count, period = limit.count, limit.period_ms
+    full = limit.capacity * period
+    # _level, inlined: this is the hot path
+    if state is None:
+        scaled, updated = full, now_ms
     else:
-        retry = float(max(now_ms, updated) - now_ms + ceil_div(need - scaled, limit.count))
-    return Outcome(allowed, scaled // limit.period_ms, reset, retry), state
+        scaled, updated = state
+        if now_ms > updated:
+            elapsed = min(now_ms - updated, -(-(full - scaled) // count))
+            scaled, updated = min(full, scaled + elapsed * count), now_ms
+    need = cost * period
+    since = max(now_ms, updated)
+    if scaled >= need:
+        if charge:
+            scaled -= need
+            state = (scaled, updated)
+        reset = since - (-(full - scaled) // count)
+        return new_outcome((True, scaled // period, reset, 0.0)), state
+    reset = since - (-(full - scaled) // count)
+    wait = since - now_ms - (-(need - scaled) // count)
+    retry = INF if cost > limit.capacity else float(wait)
+    return new_outcome((False, scaled // period, reset, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
@@ -75,4 +82,5 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
 def expires_ms(state: State, limit: Limit) -> int:
     """When the bucket is full again (a missing key means a full bucket)."""
     scaled, updated = state
-    return updated + ceil_div(limit.capacity * limit.period_ms - scaled, limit.count)
+    # ceil_div, inlined: runs on every admitted hit
+    return updated - (-(limit.capacity * limit.period_ms - scaled) // limit.count)

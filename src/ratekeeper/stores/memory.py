@@ -6,9 +6,10 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 - an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
   rest;
-- at most ``max_keys`` entries: the least recently used is evicted first, so a flood of
-  distinct keys cannot exhaust memory (an evicted key starts fresh — it fails open, never
-  closed).
+- at most ``max_keys`` entries: the least recently used (hit, rejected or peeked) is evicted
+  first, so a flood of distinct keys cannot exhaust memory (an evicted key starts fresh — it
+  fails open, never closed — but a key that keeps being rejected keeps being used, so a flood
+  of other keys does not hand it a fresh quota).
 """
 
 from __future__ import annotations
@@ -40,6 +41,45 @@ class MemoryStore:
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan under the lock."""
         policy = plan.policy
+        if plan.op != "hit" or len(policy.slots) != 1:
+            return self._execute(plan)
+        # the common case, one rate and a hit: the same steps as ``_execute``, without the loops
+        limit = policy.limits[0]
+        algorithm = policy.algorithm
+        now = plan.now_ms
+        k = (policy.slots[0], plan.key)
+        data = self._data
+        lock = self._lock
+        lock.acquire()  # not ``with``: acquire/try/finally measured ~90 ns cheaper per call
+        try:
+            entry = data.get(k)
+            state = None
+            if entry is not None:
+                if entry[0] <= now:  # stale: it no longer matters
+                    del data[k]
+                    entry = None
+                else:
+                    state = entry[1]
+            outcome, new = algorithm.step(state, limit, now, plan.cost, True)
+            if outcome.allowed:  # _write, inlined (the hot path)
+                data.pop(k, None)  # re-insert at the end: dict order is least recently used first
+                data[k] = (algorithm.expires_ms(new, limit), new)
+                if len(data) > self.max_keys:
+                    del data[next(iter(data))]
+                self._writes += 1
+                if self._writes >= self._sweep_every:
+                    self._writes = 0
+                    self._sweep_some(now, budget=64)
+            elif entry is not None:  # a rejection is a use too: move the live entry to the end
+                del data[k]
+                data[k] = entry
+        finally:
+            lock.release()
+        return (outcome,)
+
+    def _execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Any plan: stacks, peeks, refunds and resets."""
+        policy = plan.policy
         now = plan.now_ms
         keys = [(slot, plan.key) for slot in policy.slots]
         with self._lock:
@@ -59,13 +99,21 @@ class MemoryStore:
             if plan.op == "refund":
                 for k, state, limit in zip(keys, states, policy.limits, strict=True):
                     new = algorithm.refund(state, limit, now, plan.cost)
-                    if new is not None:
-                        self._write(k, algorithm.expires_ms(new, limit), new, now)
+                    expires = 0 if new is None else algorithm.expires_ms(new, limit)
+                    if expires > now:
+                        self._write(k, expires, new, now)
+                    else:  # nothing left that matters (e.g. an empty log): keep no entry
+                        data.pop(k, None)
                 return ()
             outcomes, new_states = run_stack(policy, states, now, plan.cost, plan.op == "hit")
             if new_states is not None:
                 for k, new, limit in zip(keys, new_states, policy.limits, strict=True):
                     self._write(k, algorithm.expires_ms(new, limit), new, now)
+            else:  # a rejection or a peek is a use too: a key that keeps knocking stays cached
+                for k in keys:
+                    entry = data.pop(k, None)
+                    if entry is not None:
+                        data[k] = entry
             return tuple(outcomes)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
@@ -91,7 +139,7 @@ class MemoryStore:
 
     def sweep(self, now: float) -> int:
         """Drop every entry whose state stopped mattering by epoch second ``now``."""
-        now_ms = int(now * 1000)
+        now_ms = round(now * 1000)
         with self._lock:
             stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
             for k in stale:
