@@ -223,5 +223,7 @@ def test_eight_threads_on_one_key_admit_exactly_the_limit(
         t.start()
     for t in threads:
         t.join()
+    # a store that timed out answered by failing open: that run proves nothing about exactness
+    assert limiter.stats()["degraded"] == 0, f"the store failed under load: {limiter.stats()}"
     assert sum(admitted) == 1000
     assert limiter.peek("k", "1000/minute", algorithm=algorithm).remaining == 0
