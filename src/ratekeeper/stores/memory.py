@@ -6,6 +6,8 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 - an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
   rest;
+- leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
+  delegates to; a key's lease table is dropped when its last lease goes;
 - at most ``max_keys`` entries: the least recently used is evicted first, so a flood of
   distinct keys cannot exhaust memory (an evicted key starts fresh — it fails open, never
   closed).
@@ -18,6 +20,7 @@ from typing import Any
 
 from ..algorithms import Outcome
 from ..plan import Plan, run_stack
+from .leases import MemoryLeases
 
 _Entry = tuple[int, Any]  # (expires_ms, state)
 
@@ -33,6 +36,7 @@ class MemoryStore:
         self._writes = 0
         self._data: dict[tuple[str, str], _Entry] = {}
         self._lock = threading.Lock()
+        self._leases = MemoryLeases()
 
     def __len__(self) -> int:
         return len(self._data)
@@ -71,6 +75,34 @@ class MemoryStore:
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
+
+    def acquire_lease(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """Sweep, count and add one lease atomically (``LeaseStore``)."""
+        return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+
+    def release_lease(self, key: str, lease_id: str) -> bool:
+        """Remove one lease (``LeaseStore``)."""
+        return self._leases.release_lease(key, lease_id)
+
+    def count_leases(self, key: str, now_ms: int) -> int:
+        """Live leases of ``key`` (``LeaseStore``)."""
+        return self._leases.count_leases(key, now_ms)
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """The same as ``acquire_lease``: nothing in it blocks."""
+        return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        """The same as ``release_lease``."""
+        return self._leases.release_lease(key, lease_id)
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        """The same as ``count_leases``."""
+        return self._leases.count_leases(key, now_ms)
 
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
         data = self._data
