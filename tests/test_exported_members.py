@@ -23,6 +23,7 @@ EXPECTED = {
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
     "StoreUnavailable",
     "__version__",
 }

@@ -23,6 +23,7 @@ from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings
 from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
 from .stores.memory import MemoryStore as MemoryStore
+from .stores.redis import RedisStore as RedisStore
 
 __all__ = [
     "AsyncConcurrencyLimiter",
@@ -40,6 +41,7 @@ __all__ = [
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
     "ShedderSettings",
     "StoreUnavailable",
     "WorkerUtilizationShedder",
