@@ -10,7 +10,13 @@ import pytest
 import redis
 import redis.asyncio
 
-from ratekeeper import AsyncConcurrencyLimiter, ConcurrencyLimiter, ManualClock, MemoryStore
+from ratekeeper import (
+    AsyncConcurrencyLimiter,
+    ConcurrencyLimiter,
+    ManualClock,
+    MemoryStore,
+    RedisStore,
+)
 from ratekeeper.errors import ConfigError, StoreUnavailable
 from ratekeeper.stores.keys import redis_key
 from ratekeeper.stores.leases import LeaseStore
@@ -18,12 +24,17 @@ from ratekeeper.stores.redis_leases import AsyncRedisLeases, RedisLeases
 from tests import redis_servers as rs
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis_store"])
 def store(request: pytest.FixtureRequest) -> Iterator[LeaseStore]:
     if request.param == "memory":
         yield MemoryStore()
         return
     url = request.getfixturevalue("redis_url")
+    if request.param == "redis_store":
+        redis_store = RedisStore(url, socket_timeout=2.0)
+        yield redis_store
+        redis_store.close()
+        return
     client = redis.Redis.from_url(url)
     yield RedisLeases(client)
     client.close()
@@ -109,7 +120,8 @@ def test_exact_under_threads(store: LeaseStore) -> None:
 def test_async_limiter_matches(redis_url: str) -> None:
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
-        for store in (MemoryStore(), AsyncRedisLeases(client)):
+        redis_store = RedisStore(redis_url, socket_timeout=2.0)
+        for store in (MemoryStore(), AsyncRedisLeases(client), redis_store):
             limiter = AsyncConcurrencyLimiter(store, capacity=3, clock=ManualClock())
             leases = await asyncio.gather(*(limiter.acquire("k") for _ in range(10)))
             assert sum(1 for lease in leases if lease is not None) == 3
@@ -122,6 +134,7 @@ def test_async_limiter_matches(redis_url: str) -> None:
                 assert await limiter.in_use("k") == 1
             assert await limiter.in_use("k") == 0
         await client.aclose()
+        await redis_store.aclose()
 
     asyncio.run(main())
 

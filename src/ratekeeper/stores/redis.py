@@ -12,6 +12,8 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 - Clients built from ``url`` get ``socket_timeout`` and ``socket_connect_timeout`` (default
   50 ms) and at most one immediate retry of a dropped connection, so a dead Redis costs a
   bounded time before the limiter's fail-open and circuit breaker take over.
+- Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
+  are delegated to ``redis_leases`` over the same clients and prefix.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .redis_codec import Codec, Command, fallback, outcomes
+from .redis_leases import AsyncRedisLeases, RedisLeases
 
 
 def _check_timeout(socket_timeout: object) -> float:
@@ -83,6 +86,10 @@ class RedisStore:
             raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
         self.client = client
         self.async_client = async_client
+        self._leases = None if client is None else RedisLeases(client, prefix)
+        self._async_leases = (
+            None if async_client is None else AsyncRedisLeases(async_client, prefix)
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r})"
@@ -122,6 +129,45 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def _sync_leases(self) -> RedisLeases:
+        if self._leases is None:
+            raise ConfigError("this RedisStore has only an async client; use the Async classes")
+        return self._leases
+
+    def _aio_leases(self) -> AsyncRedisLeases:
+        if self._async_leases is None:
+            raise ConfigError("this RedisStore has only a sync client; use the sync classes")
+        return self._async_leases
+
+    def acquire_lease(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """Sweep, count and add one lease in one script (``LeaseStore``)."""
+        return self._sync_leases().acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+
+    def release_lease(self, key: str, lease_id: str) -> bool:
+        """Remove one lease (``LeaseStore``)."""
+        return self._sync_leases().release_lease(key, lease_id)
+
+    def count_leases(self, key: str, now_ms: int) -> int:
+        """Live leases of ``key`` (``LeaseStore``)."""
+        return self._sync_leases().count_leases(key, now_ms)
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """The same as ``acquire_lease``, on the asyncio client."""
+        leases = self._aio_leases()
+        return await leases.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        """The same as ``release_lease``, on the asyncio client."""
+        return await self._aio_leases().release_lease_async(key, lease_id)
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        """The same as ``count_leases``, on the asyncio client."""
+        return await self._aio_leases().count_leases_async(key, now_ms)
 
     def close(self) -> None:
         """Close the sync client's connections (the async client: ``await aclose()``)."""

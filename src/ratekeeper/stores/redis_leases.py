@@ -42,7 +42,7 @@ class RedisLeases:
     def _run(self, key: str, args: tuple[object, ...]) -> tuple[int, int]:
         try:
             reply = self._script(keys=[redis_key(self.prefix, key, SLOT)], args=args)
-        except redis.RedisError as exc:
+        except (redis.RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis lease store failed: {exc}") from exc
         return int(reply[0]), int(reply[1])
 
@@ -73,7 +73,7 @@ class AsyncRedisLeases:
     async def _run(self, key: str, args: tuple[object, ...]) -> tuple[int, int]:
         try:
             reply = await self._script(keys=[redis_key(self.prefix, key, SLOT)], args=args)
-        except redis.asyncio.RedisError as exc:
+        except (redis.asyncio.RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis lease store failed: {exc}") from exc
         return int(reply[0]), int(reply[1])
 
