@@ -219,7 +219,9 @@ class Controls:
                 self._refresh(now)
             flags = self._flags
             if flags:
-                flag = flags.get(check) or flags.get("*")
+                flag = flags.get(check)
+                if flag not in MODES:
+                    flag = flags.get("*")
                 if flag in MODES:
                     return flag
         modes = self._modes
