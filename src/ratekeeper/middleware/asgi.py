@@ -30,8 +30,17 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+_NAMES: dict[str, bytes] = {}
+
+
 def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    out = []
+    for name, value in headers:
+        raw = _NAMES.get(name)
+        if raw is None:
+            raw = _NAMES[name] = name.lower().encode("latin-1")
+        out.append((raw, value.encode("latin-1")))
+    return out
 
 
 class RateLimitMiddleware:
@@ -136,10 +145,12 @@ class RateLimitMiddleware:
             await self._finish(adm, status)
 
     async def _finish(self, adm: Admission, status: int | None) -> None:
-        try:
-            await run_async(self.gate.finish(adm, status), self._execute)
-        except Exception as exc:
-            self.gate.failed_open("ratekeeper", exc)
+        gate = self.gate
+        for op in gate.finish(adm, status):
+            try:
+                await self._execute(op)
+            except Exception as exc:
+                gate.finish_failed(op, exc)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

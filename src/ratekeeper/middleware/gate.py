@@ -2,8 +2,8 @@
 
 ``Gate.admit(request, admission)`` walks the checks in order and *yields* each store operation
 (``Op``) it needs — a rate ``hit``, a lease ``acquire``, a fleet ``admit`` — receiving the
-result (or a ``Failure``) back; ``Gate.finish(admission, status)`` yields the ``refund`` and
-``release`` operations that end a request. The WSGI middleware drives these generators with
+result (or a ``Failure``) back; ``Gate.finish(admission, status)`` returns the ``refund`` and
+``release`` operations that end a request, as a list. The WSGI middleware drives the flow with
 ``run`` and a sync executor, the ASGI one with ``run_async`` and an async executor: the two
 differ only where ``await`` appears (the pattern of httpx's ``auth_flow``).
 
@@ -224,23 +224,30 @@ class Gate:
             return shed_rejection(check.name, check.retry_after)
         return None
 
-    def finish(self, adm: Admission, status: int | None) -> Flow:
-        """Refund and release what ``adm`` holds, once (``status`` None: the app raised)."""
+    def finish(self, adm: Admission, status: int | None) -> list[Op]:
+        """The refunds and releases that end a request, once (``status`` None: the app raised).
+
+        The executor runs each and reports a failure to ``finish_failed``; none depends on
+        another's result, so this is a plain list (usually empty) rather than a flow.
+        """
         if adm.done:
-            return
+            return []
         adm.done = True
         if adm.entered:
             with self._lock:
                 self.in_flight -= 1
-        if adm.rejection is not None or (status is not None and status in self.refund_statuses):
-            for index, key, cost in adm.charged:
-                result = yield Op("refund", index, key, cost)
-                if isinstance(result, Failure):
-                    self.failed_open(self.checks[index].name, result.exc, count=False)
+        ops = []
+        if adm.charged and (
+            adm.rejection is not None or (status is not None and status in self.refund_statuses)
+        ):
+            ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
         for index, lease in adm.leases:
-            result = yield Op("release", index, lease=lease)
-            if isinstance(result, Failure):
-                self.failed_open(self.checks[index].name, result.exc, count=False)
+            ops.append(Op("release", index, lease=lease))
+        return ops
+
+    def finish_failed(self, op: Op, exc: Exception) -> None:
+        """Log a failed refund or release (the request has already been answered)."""
+        self.failed_open(self.checks[op.index].name, exc, count=False)
 
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""

@@ -145,10 +145,12 @@ class WSGIRateLimitMiddleware:
         return _Finishing(result, lambda: self._finish(adm, status[0]))
 
     def _finish(self, adm: Admission, status: int | None) -> None:
-        try:
-            run(self.gate.finish(adm, status), self._execute)
-        except Exception as exc:
-            self.gate.failed_open("ratekeeper", exc)
+        gate = self.gate
+        for op in gate.finish(adm, status):
+            try:
+                self._execute(op)
+            except Exception as exc:
+                gate.finish_failed(op, exc)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""
