@@ -406,7 +406,10 @@ def test_real_uvicorn_server() -> None:
     streamed: list[int] = []
     mw = RateLimitMiddleware(
         make_app(streamed),
-        [RateCheck("api", "3/minute", routes=("/items",)), ConcurrencyCheck("conc", 1)],
+        [
+            RateCheck("api", "3/minute", routes=("/items",)),
+            ConcurrencyCheck("conc", 1, routes=("/stream",)),
+        ],
         store=store,
         clock=ManualClock(),
     )
