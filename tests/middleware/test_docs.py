@@ -28,7 +28,7 @@ def test_fastapi_example(redis_url: str) -> None:
 
 
 def test_flask_example() -> None:
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__name__": __name__}  # Flask(__name__) finds this package
     exec(compile(BLOCKS[1], "flask-example", "exec"), namespace)
     client = namespace["app"].test_client()
     response = client.get("/items", buffered=True, environ_base={"REMOTE_ADDR": "127.0.0.1"})
