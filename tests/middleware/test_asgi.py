@@ -255,7 +255,7 @@ def test_shadow_mode_counts_without_rejecting_and_switches_at_runtime() -> None:
     assert [client.get("/items").status_code for _ in range(3)] == [200] * 3
     assert controls.stats()["api"]["skipped"] == 3
     controls.set("*", "shadow")  # a default for every check without its own mode
-    controls._modes.pop("api")
+    controls.clear("api")
     assert client.get("/items").status_code == 200
     assert controls.mode("api") == "shadow"
 

@@ -199,6 +199,10 @@ class Controls:
         """Switch one check (or ``*``: every check without its own mode) now."""
         self._modes[check] = check_mode(mode)
 
+    def clear(self, check: str) -> None:
+        """Forget the mode set here for ``check`` (it follows ``*``, then the default)."""
+        self._modes.pop(check, None)
+
     def enforce(self, check: str) -> None:
         """Reject over-limit requests."""
         self.set(check, "enforce")

@@ -69,9 +69,11 @@ class Failure:
 class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
-    __slots__ = ("charged", "done", "entered", "headers", "leases", "rejection")
+    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
 
     def __init__(self) -> None:
+        self.tier: str | None = None
+        self.best: tuple[str, Decision] | None = None
         self.charged: list[tuple[int, str, int]] = []
         self.leases: list[tuple[int, Lease]] = []
         self.headers: Headers = ()
@@ -100,14 +102,16 @@ class Gate:
         clock: Clock,
         log_interval: float,
     ) -> None:
+        if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+            checks = [checks]
         self.checks: tuple[Check, ...] = tuple(checks)
-        names = [c.name for c in self.checks]
         for c in self.checks:
             if not isinstance(c, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
                 raise ConfigError(
                     f"check {c!r} is invalid; expected RateCheck, ConcurrencyCheck, "
                     "FleetCheck or WorkerCheck"
                 )
+        names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError(f"check names {dupes} are used twice; each check needs its own")
@@ -135,8 +139,6 @@ class Gate:
         with self._lock:
             self.in_flight += 1
         controls = self.controls
-        tier: str | None = None
-        best: tuple[str, Decision] | None = None
         for index, check in enumerate(self.checks):
             name = check.name
             mode = controls.mode(name)
@@ -144,66 +146,60 @@ class Gate:
                 controls.count(name, "skipped")
                 continue
             try:
-                verdict: Rejection | None
-                if isinstance(check, RateCheck):
-                    if not check.where.applies(request):
-                        continue
-                    key = check.key(request)
-                    if key is None:
-                        continue
-                    cost = check.cost_of(request)
-                    decision = yield Op("hit", index, f"{name}:{key}", cost)
-                    decision = _unwrap(decision)
-                    if decision.degraded:
-                        raise _Degraded
-                    if decision.allowed:
-                        adm.charged.append((index, f"{name}:{key}", cost))
-                        verdict = None
-                        if mode == "enforce" and (
-                            best is None or decision.remaining < best[1].remaining
-                        ):
-                            best = (name, decision)
-                    else:
-                        verdict = rate_rejection(name, decision)
-                elif isinstance(check, ConcurrencyCheck):
-                    if not check.where.applies(request):
-                        continue
-                    key = check.key(request)
-                    if key is None:
-                        continue
-                    lease = _unwrap((yield Op("acquire", index, f"{name}:{key}")))
-                    verdict = (
-                        None
-                        if self._keep(adm, index, lease)
-                        else (concurrency_rejection(name, check.capacity))
-                    )
-                elif isinstance(check, FleetCheck):
-                    if tier is None:
-                        tier = self.priority(request)
-                    critical = tier == check.critical_tier
-                    lease = _unwrap((yield Op("admit", index, critical=critical)))
-                    verdict = (
-                        None
-                        if self._keep(adm, index, lease)
-                        else (shed_rejection(name, check.retry_after, check.capacity))
-                    )
-                else:
-                    if tier is None:
-                        tier = self.priority(request)
-                    verdict = self._worker(index, check, tier)
+                verdict = yield from self._check(index, check, request, adm, mode)
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
-            if verdict is None:
+            if verdict is True:
                 controls.count(name, "allowed")
+            elif verdict is False:
+                continue
             elif mode == "shadow":
                 controls.count(name, "shadow_rejected")
             else:
                 controls.count(name, "rejected")
                 adm.rejection = verdict
                 return
-        if best is not None:
-            adm.headers = decision_headers(*best)
+        if adm.best is not None:
+            adm.headers = decision_headers(*adm.best)
+
+    def _check(
+        self, index: int, check: Check, request: RequestInfo, adm: Admission, mode: str
+    ) -> Generator[Op, Any, Rejection | bool]:
+        """One check: True if allowed, False if it does not apply, else the rejection."""
+        if isinstance(check, RateCheck | ConcurrencyCheck):
+            if not check.where.applies(request):
+                return False
+            key = check.key(request)
+            if key is None:
+                return False
+            key = f"{check.name}:{key}"
+            if isinstance(check, ConcurrencyCheck):
+                lease = _unwrap((yield Op("acquire", index, key)))
+                return self._keep(adm, index, lease) or concurrency_rejection(
+                    check.name, check.capacity
+                )
+            cost = check.cost_of(request)
+            decision: Decision = _unwrap((yield Op("hit", index, key, cost)))
+            if decision.degraded:
+                raise _Degraded
+            if not decision.allowed:
+                return rate_rejection(check.name, decision)
+            adm.charged.append((index, key, cost))
+            if mode == "enforce" and (
+                adm.best is None or decision.remaining < adm.best[1].remaining
+            ):
+                adm.best = (check.name, decision)
+            return True
+        if adm.tier is None:
+            adm.tier = self.priority(request)
+        if isinstance(check, FleetCheck):
+            critical = adm.tier == check.critical_tier
+            lease = _unwrap((yield Op("admit", index, critical=critical)))
+            return self._keep(adm, index, lease) or shed_rejection(
+                check.name, check.retry_after, check.capacity
+            )
+        return self._worker(index, check, adm.tier)
 
     @staticmethod
     def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
@@ -215,14 +211,14 @@ class Gate:
         adm.leases.append((index, lease))
         return True
 
-    def _worker(self, index: int, check: WorkerCheck, tier: str) -> Rejection | None:
+    def _worker(self, index: int, check: WorkerCheck, tier: str) -> Rejection | bool:
         shedder = self._shedders[index]
         utilization = None
         if shedder.utilization is None:
             utilization = self.in_flight / check.max_in_flight
         if shedder.shed(tier, utilization):
             return shed_rejection(check.name, check.retry_after)
-        return None
+        return True
 
     def finish(self, adm: Admission, status: int | None) -> list[Op]:
         """The refunds and releases that end a request, once (``status`` None: the app raised).
