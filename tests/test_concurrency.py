@@ -188,3 +188,17 @@ def test_bad_config_names_the_value(kwargs: dict[str, object], needle: str) -> N
 def test_store_without_leases_is_refused() -> None:
     with pytest.raises(ConfigError, match="LeaseStore"):
         ConcurrencyLimiter(object(), 1)  # type: ignore[arg-type]  # bad on purpose
+
+
+def test_memory_sweep_drops_leases_never_released() -> None:
+    store = MemoryStore()
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=5, lease_ttl=10, clock=clock)
+    for i in range(3):
+        assert limiter.acquire(f"crashed-{i}") is not None
+    kept = limiter.acquire("busy")
+    clock.advance(5)
+    assert store.sweep(clock()) == 0
+    clock.advance(5)
+    assert store.sweep(clock()) == 4
+    assert kept is not None and limiter.in_use("busy") == 0

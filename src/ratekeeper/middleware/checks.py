@@ -123,6 +123,7 @@ class FleetCheck:
     def __post_init__(self) -> None:
         _check_name(self.name)
         check_capacity(self.capacity)
+        check_capacity(self.retry_after, "retry_after")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,7 @@ class WorkerCheck:
     def __post_init__(self) -> None:
         _check_name(self.name)
         check_capacity(self.max_in_flight, "max_in_flight")
+        check_capacity(self.retry_after, "retry_after")
 
 
 Check = RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck

@@ -102,5 +102,19 @@ class MemoryLeases:
             live = self._leases.get(key, {})
             return sum(1 for exp in live.values() if exp > now_ms)
 
+    def sweep(self, now_ms: int) -> int:
+        """Drop every expired lease (and emptied key); returns how many leases went."""
+        dropped = 0
+        with self._lock:
+            for key in list(self._leases):
+                live = self._leases[key]
+                expired = [i for i, exp in live.items() if exp <= now_ms]
+                for i in expired:
+                    del live[i]
+                dropped += len(expired)
+                if not live:
+                    del self._leases[key]
+        return dropped
+
     def __len__(self) -> int:
         return len(self._leases)

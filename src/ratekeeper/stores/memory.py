@@ -7,7 +7,8 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
   rest;
 - leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
-  delegates to; a key's lease table is dropped when its last lease goes;
+  delegates to; a key's lease table is dropped when its last lease goes, and ``sweep()`` drops
+  leases that expired unreleased;
 - at most ``max_keys`` entries: the least recently used is evicted first, so a flood of
   distinct keys cannot exhaust memory (an evicted key starts fresh — it fails open, never
   closed).
@@ -122,13 +123,13 @@ class MemoryStore:
             del data[k]
 
     def sweep(self, now: float) -> int:
-        """Drop every entry whose state stopped mattering by epoch second ``now``."""
+        """Drop every entry (and lease) whose state stopped mattering by epoch second ``now``."""
         now_ms = int(now * 1000)
         with self._lock:
             stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
             for k in stale:
                 del self._data[k]
-        return len(stale)
+        return len(stale) + self._leases.sweep(now_ms)
 
 
 def _head(data: dict[tuple[str, str], _Entry], n: int) -> list[tuple[tuple[str, str], _Entry]]:
