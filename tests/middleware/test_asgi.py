@@ -428,3 +428,40 @@ def test_real_uvicorn_server() -> None:
         assert wait_until(lambda: store.count_leases("conc:127.0.0.1", 0) == 0)
         assert len(streamed) < 1000
         assert http.get("/health").status_code == 200
+
+
+def test_slot_released_when_the_request_is_cancelled_on_redis(redis_url: str) -> None:
+    """The app task is cancelled (anyio task group, as Starlette uses): the lease is released."""
+    import anyio
+
+    store = RedisStore(redis_url, socket_timeout=2.0)
+    entered = asyncio.Event()
+
+    async def hang(scope: Any, receive: Any, send: Any) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    mw = RateLimitMiddleware(hang, [ConcurrencyCheck("conc", 1)], store=store)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "client": ("1.2.3.4", 1)}
+
+    async def main() -> int:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        async def send(message: Any) -> None:
+            pass
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(mw, scope, receive, send)
+            await entered.wait()
+            assert await store.count_leases_async("conc:1.2.3.4", 0) == 1
+            group.cancel_scope.cancel()
+        for _ in range(200):  # the (shielded) release may finish on its own task
+            if await store.count_leases_async("conc:1.2.3.4", 0) == 0:
+                break
+            await asyncio.sleep(0.01)
+        left = await store.count_leases_async("conc:1.2.3.4", 0)
+        await store.aclose()
+        return left
+
+    assert asyncio.run(main()) == 0

@@ -4,11 +4,13 @@ Non-HTTP scopes pass straight through. The gate's flow runs with ``AsyncLimiter`
 ``AsyncConcurrencyLimiter`` and ``AsyncFleetUsageShedder`` over one store; a rejection is sent
 by the middleware itself, an allowed response gets its headers by wrapping ``send``. Leases are
 released and 304s refunded when the app returns — after the last body chunk of a streaming
-response, or when it raises or is cancelled because the client went away.
+response, or when it raises or is cancelled because the client went away (shielded from that
+cancellation on asyncio, so the release itself is not cancelled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
@@ -145,12 +147,24 @@ class RateLimitMiddleware:
             await self._finish(adm, status)
 
     async def _finish(self, adm: Admission, status: int | None) -> None:
-        gate = self.gate
-        for op in gate.finish(adm, status):
+        ops = self.gate.finish(adm, status)
+        if not ops:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no shield to use
+            await self._run_ops(ops)
+            return
+        # Shielded: inside a cancelled task or anyio scope (client gone), an unshielded await
+        # would be cancelled again before the lease is released or the 304 refunded.
+        await asyncio.shield(self._run_ops(ops))
+
+    async def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
             try:
                 await self._execute(op)
             except Exception as exc:
-                gate.finish_failed(op, exc)
+                self.gate.finish_failed(op, exc)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""
