@@ -93,7 +93,7 @@ class RateLimitMiddleware:
     async def _execute(self, op: Op) -> Any:
         kind = op.kind
         if kind == "hit" or kind == "refund":
-            c = self._rates[op.index]
+            c = self._rates[op.position]
             call = self.limiter.hit if kind == "hit" else self.limiter.refund
             return await call(
                 op.key,
@@ -104,10 +104,10 @@ class RateLimitMiddleware:
                 buckets=c.buckets,
             )
         if kind == "acquire":
-            return await self._leases[op.index].acquire(op.key)
+            return await self._leases[op.position].acquire(op.key)
         if kind == "admit":
-            return await self._fleets[op.index].admit(op.critical)
-        holder = self._leases.get(op.index) or self._fleets[op.index]
+            return await self._fleets[op.position].admit(op.critical)
+        holder = self._leases.get(op.position) or self._fleets[op.position]
         return await holder.release(op.lease)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -24,7 +24,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ..clock import Clock
 from ..concurrency import Lease
@@ -47,12 +47,11 @@ log = logging.getLogger("ratekeeper")
 Kind = Literal["hit", "refund", "acquire", "admit", "release"]
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One store operation for check number ``index``."""
+class Op(NamedTuple):
+    """One store operation for the check at ``position`` (a tuple: built on every request)."""
 
     kind: Kind
-    index: int
+    position: int
     key: str = ""
     cost: int = 1
     critical: bool = False
@@ -243,7 +242,7 @@ class Gate:
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
-        self.failed_open(self.checks[op.index].name, exc, count=False)
+        self.failed_open(self.checks[op.position].name, exc, count=False)
 
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""

@@ -96,7 +96,7 @@ class WSGIRateLimitMiddleware:
     def _execute(self, op: Op) -> Any:
         kind = op.kind
         if kind == "hit" or kind == "refund":
-            c = self._rates[op.index]
+            c = self._rates[op.position]
             call = self.limiter.hit if kind == "hit" else self.limiter.refund
             return call(
                 op.key,
@@ -107,10 +107,10 @@ class WSGIRateLimitMiddleware:
                 buckets=c.buckets,
             )
         if kind == "acquire":
-            return self._leases[op.index].acquire(op.key)
+            return self._leases[op.position].acquire(op.key)
         if kind == "admit":
-            return self._fleets[op.index].admit(op.critical)
-        holder = self._leases.get(op.index) or self._fleets[op.index]
+            return self._fleets[op.position].admit(op.critical)
+        holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
