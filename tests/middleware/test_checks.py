@@ -92,3 +92,16 @@ def _public(cls: type) -> dict[str, list[str]]:
 def test_sync_and_async_surfaces_match(sync: type, aio: type) -> None:
     assert _public(sync) == _public(aio)
     assert list(inspect.signature(sync).parameters) == list(inspect.signature(aio).parameters)
+
+
+def test_middleware_imports_no_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ratekeeper.middleware; "
+        "print([m for m in ('starlette', 'fastapi', 'flask', 'werkzeug', 'uvicorn', 'anyio') "
+        "if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
