@@ -428,6 +428,9 @@ def test_real_uvicorn_server() -> None:
         assert wait_until(lambda: store.count_leases("conc:127.0.0.1", 0) == 0)
         assert len(streamed) < 1000
         assert http.get("/health").status_code == 200
+        head = http.head("/items")  # a rejected HEAD has the headers and no body
+        assert head.status_code == 429 and head.content == b""
+        assert head.headers["X-RateLimit-Resource"] == "api"
 
 
 def test_slot_released_when_the_request_is_cancelled_on_redis(redis_url: str) -> None:

@@ -125,7 +125,8 @@ class RateLimitMiddleware:
             await self._finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
             await send({**start, "headers": _encode(rejection.headers)})
-            await send({"type": "http.response.body", "body": rejection.body})
+            body = b"" if scope.get("method") == "HEAD" else rejection.body
+            await send({"type": "http.response.body", "body": body})
             return
         if not adm.entered:  # exempt
             await self.app(scope, receive, send)

@@ -124,7 +124,7 @@ class WSGIRateLimitMiddleware:
         if rejection is not None:
             self._finish(adm, rejection.status)
             start_response(rejection.status_line, list(rejection.headers))
-            return [rejection.body]
+            return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else rejection.body]
         if not adm.entered:  # exempt
             return self.app(environ, start_response)
         extra = list(adm.headers)
