@@ -73,7 +73,7 @@ def slowapi_middleware() -> Any:
     limiter = SlowLimiter(key_func=get_remote_address, default_limits=[RULE])
     app = bare()
     app.state.limiter = limiter
-    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]  # slowapi's documented handler
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
     app.add_middleware(SlowAPIASGIMiddleware)
     return app
 

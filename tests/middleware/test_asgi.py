@@ -209,7 +209,7 @@ def test_concurrency_released_on_client_disconnect() -> None:
             await first_chunk.wait()
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Any) -> None:
             sent.append(message)
             if message["type"] == "http.response.body" and message.get("body"):
                 assert store.count_leases("conc:192.0.2.1", 0) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,10 @@ from ratekeeper.middleware import (
 )
 
 
+async def _noop(scope: Any, receive: Any, send: Any) -> None:
+    pass
+
+
 def test_bad_checks_fail_at_startup_naming_the_value() -> None:
     with pytest.raises(ValueError, match="10/fortnight"):
         RateCheck("api", "10/fortnight")
@@ -37,7 +42,7 @@ def test_bad_checks_fail_at_startup_naming_the_value() -> None:
     with pytest.raises(ConfigError, match=r"\['api'\] are used twice"):
         WSGIRateLimitMiddleware(lambda e, s: [], [RateCheck("api", "1/s"), RateCheck("api", "2/s")])
     with pytest.raises(ConfigError, match="expected RateCheck"):
-        RateLimitMiddleware(lambda *a: None, ["10/second"])  # type: ignore[list-item]  # bad on purpose
+        RateLimitMiddleware(_noop, ["10/second"])  # type: ignore[list-item]  # bad on purpose
 
 
 def test_controls_modes_and_precedence() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ratekeeper.errors import ConfigError
@@ -11,7 +13,7 @@ from ratekeeper.middleware.request import PathMatcher, RequestInfo, from_environ
 
 def scope_request(peer: str | None, headers: dict[str, str], method: str = "GET") -> RequestInfo:
     raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    scope = {"type": "http", "method": method, "path": "/x", "headers": raw}
+    scope: dict[str, Any] = {"type": "http", "method": method, "path": "/x", "headers": raw}
     if peer is not None:
         scope["client"] = (peer, 1234)
     return from_scope(scope)

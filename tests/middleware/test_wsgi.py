@@ -43,7 +43,7 @@ def make_app(streamed: list[int] | None = None, gate: threading.Event | None = N
         return Response(status=304)
 
     @app.get("/boom")
-    def boom() -> None:
+    def boom() -> str:
         raise RuntimeError("handler failed")
 
     @app.get("/stream")
@@ -115,7 +115,7 @@ def test_concurrency_released_on_exception_and_after_streaming() -> None:
     response = client.get("/stream", environ_base=PEER, buffered=False)
     assert store.count_leases("conc:198.51.100.7", 0) == 1
     assert client.get("/items", environ_base=PEER, buffered=True).status_code == 429
-    assert len(b"".join(response.response)) == 2000 * 4096
+    assert len(response.get_data()) == 2000 * 4096
     response.close()
     assert store.count_leases("conc:198.51.100.7", 0) == 0
 
