@@ -202,3 +202,29 @@ def test_memory_sweep_drops_leases_never_released() -> None:
     clock.advance(5)
     assert store.sweep(clock()) == 4
     assert kept is not None and limiter.in_use("busy") == 0
+
+
+def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None:
+    client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.2)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock)
+    held = limiter.acquire("k")
+    assert held is not None and not held.degraded
+    fresh_redis.pause()
+    try:
+        leases = [limiter.acquire("k") for _ in range(10)]
+        limiter.release(held)  # the breaker is open: not even tried
+        stats = limiter.stats()
+        assert all(lease is not None and lease.degraded for lease in leases)
+        assert stats["errors"] == 3 and stats["breaker_skips"] == 8
+    finally:
+        fresh_redis.resume()
+    clock.advance(0.5)  # the cool-down is over: the next call is a trial, and it works
+    trial = limiter.acquire("k")
+    assert trial is not None and not trial.degraded
+    # the unreleased lease stays until its TTL, and so may an acquire that timed out on our
+    # side but ran when the server woke up: both expire after lease_ttl
+    assert 2 <= limiter.in_use("k") <= 5
+    clock.advance(60)
+    assert limiter.in_use("k") == 0
+    client.close()

@@ -12,7 +12,10 @@ atomic store call — there is no window between cleanup and count. Timeline, ca
 
 Failure policy (``fail_open=True``, the default): a store error gives a lease marked
 ``degraded`` (the request goes ahead; releasing it is a no-op) and is logged at most once per
-``log_interval`` seconds; ``fail_open=False`` raises ``StoreUnavailable``. ``Limiter``'s rule of
+``log_interval`` seconds; ``fail_open=False`` raises ``StoreUnavailable``. As in ``Limiter``,
+after 3 failures in a row a circuit breaker stops calling the store for 0.5 s, doubling on each
+failed trial up to 30 s, so a hung Redis does not add its timeout to every request (a lease
+taken before the breaker opened then expires by its TTL instead of being released). ``Limiter``'s rule of
 "over the limit is an answer, not an exception" holds: ``acquire`` returns ``None``.
 
 ``ConcurrencyLimiter`` and ``AsyncConcurrencyLimiter`` share ``_LeaseCore`` and differ only
@@ -35,6 +38,10 @@ from .plan import check_key
 from .stores.leases import AsyncLeaseStore, LeaseStore
 
 log = logging.getLogger("ratekeeper")
+
+BREAKER_THRESHOLD = 3
+BREAKER_COOLDOWN = 0.5
+BREAKER_MAX_COOLDOWN = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,31 @@ class _LeaseCore:
         self.fail_open = fail_open
         self.log_interval = log_interval
         self._last_log = -1e18
-        self.counts = {"acquired": 0, "rejected": 0, "released": 0, "degraded": 0, "errors": 0}
+        self._failures = 0
+        self._open_until = 0.0
+        self._cooldown = BREAKER_COOLDOWN
+        self.counts = {
+            "acquired": 0,
+            "rejected": 0,
+            "released": 0,
+            "degraded": 0,
+            "errors": 0,
+            "breaker_skips": 0,
+        }
+
+    def skip(self) -> bool:
+        """True while the breaker is open: the store is not called."""
+        if self._open_until and self.clock() < self._open_until:
+            self.counts["breaker_skips"] += 1
+            return True
+        return False
+
+    def succeeded(self) -> None:
+        """A store call worked: close the breaker."""
+        if self._failures:
+            self._failures = 0
+            self._open_until = 0.0
+            self._cooldown = BREAKER_COOLDOWN
 
     def start(self, key: str, capacity: int | None) -> tuple[str, int, int, int]:
         """Validate one acquire: (lease id, capacity, now_ms, expires_ms)."""
@@ -93,18 +124,26 @@ class _LeaseCore:
         self.counts["acquired"] += 1
         return Lease(key, lease_id, expires_ms / 1000)
 
-    def failed(self, key: str, lease_id: str, expires_ms: int, exc: Exception) -> Lease:
-        """A store error on acquire: a degraded lease, or ``StoreUnavailable``."""
-        self.record_error(exc)
+    def failed(self, key: str, lease_id: str, expires_ms: int, exc: Exception | None) -> Lease:
+        """A store error (None: breaker open) on acquire: a degraded lease or an error."""
+        if exc is not None:
+            self.record_error(exc)
         if not self.fail_open:
+            if exc is None:
+                raise StoreUnavailable("lease store unavailable (circuit breaker open)")
             raise StoreUnavailable(f"lease store unavailable: {exc}") from exc
         self.counts["degraded"] += 1
         return Lease(key, lease_id, expires_ms / 1000, degraded=True)
 
     def record_error(self, exc: Exception) -> None:
-        """Count a store error and log it at most once per ``log_interval`` seconds."""
+        """Count a store error, open the breaker after a few in a row, log once per interval."""
         self.counts["errors"] += 1
         now = self.clock()
+        self._failures += 1
+        if self._failures >= BREAKER_THRESHOLD:
+            if self._open_until:
+                self._cooldown = min(self._cooldown * 2, BREAKER_MAX_COOLDOWN)
+            self._open_until = now + self._cooldown
         if now - self._last_log >= self.log_interval:
             self._last_log = now
             log.warning("ratekeeper lease store failed (%s); failing open", exc)
@@ -150,15 +189,18 @@ class ConcurrencyLimiter(_Base):
         """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
         core = self._core
         lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        if core.skip():
+            return core.failed(key, lease_id, expires_ms, None)
         try:
             ok, _ = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
             return core.failed(key, lease_id, expires_ms, exc)
+        core.succeeded()
         return core.granted(key, lease_id, ok, expires_ms)
 
     def release(self, lease: Lease | None) -> None:
         """Give a lease back (None and degraded leases are ignored; errors are logged)."""
-        if lease is None or lease.degraded:
+        if lease is None or lease.degraded or self._core.skip():
             return
         try:
             self.store.release_lease(lease.key, lease.id)
@@ -203,15 +245,18 @@ class AsyncConcurrencyLimiter(_Base):
         """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
         core = self._core
         lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        if core.skip():
+            return core.failed(key, lease_id, expires_ms, None)
         try:
             ok, _ = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
             return core.failed(key, lease_id, expires_ms, exc)
+        core.succeeded()
         return core.granted(key, lease_id, ok, expires_ms)
 
     async def release(self, lease: Lease | None) -> None:
         """Give a lease back (None and degraded leases are ignored; errors are logged)."""
-        if lease is None or lease.degraded:
+        if lease is None or lease.degraded or self._core.skip():
             return
         try:
             await self.store.release_lease_async(lease.key, lease.id)
