@@ -15,8 +15,9 @@ Failure policy (``fail_open=True``, the default): a store error gives a lease ma
 ``log_interval`` seconds; ``fail_open=False`` raises ``StoreUnavailable``. As in ``Limiter``,
 after 3 failures in a row a circuit breaker stops calling the store for 0.5 s, doubling on each
 failed trial up to 30 s, so a hung Redis does not add its timeout to every request (a lease
-taken before the breaker opened then expires by its TTL instead of being released). ``Limiter``'s rule of
-"over the limit is an answer, not an exception" holds: ``acquire`` returns ``None``.
+taken before the breaker opened then expires by its TTL instead of being released).
+``Limiter``'s rule of "over the limit is an answer, not an exception" holds: ``acquire``
+returns ``None``.
 
 ``ConcurrencyLimiter`` and ``AsyncConcurrencyLimiter`` share ``_LeaseCore`` and differ only
 where ``await`` appears.
