@@ -228,3 +228,24 @@ def test_real_wsgi_server_and_client_disconnect() -> None:
             assert web.get("/boom").status_code == 500
             # the server closes the response after sending it: wait for that, bounded
             assert wait_until(lambda: store.count_leases("conc:127.0.0.1", 0) == 0)
+
+
+def test_fleet_usage_is_shared_between_hosts_through_redis(redis_url: str) -> None:
+    """Two app instances ("hosts") over one Redis: a request in progress on one counts on both."""
+    hosts = [
+        wrap(
+            make_app(),
+            checks=[FleetCheck(capacity=2, reserved_for_critical=0.5)],
+            store=RedisStore(redis_url, socket_timeout=2.0),
+            priority=priorities(critical=["/charges"]),
+        ).test_client()
+        for _ in range(2)
+    ]
+    streaming = hosts[0].get("/stream", environ_base=PEER)  # in progress until closed
+    assert streaming.status_code == 200
+    shed = hosts[1].get("/items", environ_base=PEER, buffered=True)
+    assert shed.status_code == 503 and shed.json is not None
+    assert shed.json["error"] == "overloaded" and shed.json["limit"] == 2
+    assert hosts[1].post("/charges", environ_base=PEER, buffered=True).status_code == 200
+    streaming.close()
+    assert hosts[1].get("/items", environ_base=PEER, buffered=True).status_code == 200
