@@ -6,6 +6,13 @@ import sys
 import ratekeeper
 
 EXPECTED = {
+    "WorkerUtilizationShedder",
+    "ShedderSettings",
+    "FleetUsageShedder",
+    "AsyncFleetUsageShedder",
+    "Lease",
+    "ConcurrencyLimiter",
+    "AsyncConcurrencyLimiter",
     "AsyncLimiter",
     "Clock",
     "ConfigError",
@@ -16,6 +23,7 @@ EXPECTED = {
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
     "StoreUnavailable",
     "__version__",
 }

@@ -7,6 +7,9 @@ dependency (server, gRPC, Prometheus, web frameworks).
 from ._version import __version__ as __version__
 from .clock import Clock as Clock
 from .clock import ManualClock as ManualClock
+from .concurrency import AsyncConcurrencyLimiter as AsyncConcurrencyLimiter
+from .concurrency import ConcurrencyLimiter as ConcurrencyLimiter
+from .concurrency import Lease as Lease
 from .decision import Decision as Decision
 from .errors import ConfigError as ConfigError
 from .errors import RatekeeperError as RatekeeperError
@@ -15,19 +18,32 @@ from .errors import StoreUnavailable as StoreUnavailable
 from .limiter import AsyncLimiter as AsyncLimiter
 from .limiter import Limiter as Limiter
 from .rates import Rate as Rate
+from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
+from .shedding import FleetUsageShedder as FleetUsageShedder
+from .shedding import ShedderSettings as ShedderSettings
+from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
 from .stores.memory import MemoryStore as MemoryStore
+from .stores.redis import RedisStore as RedisStore
 
 __all__ = [
+    "AsyncConcurrencyLimiter",
+    "AsyncFleetUsageShedder",
     "AsyncLimiter",
     "Clock",
+    "ConcurrencyLimiter",
     "ConfigError",
     "Decision",
+    "FleetUsageShedder",
+    "Lease",
     "Limiter",
     "ManualClock",
     "MemoryStore",
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
+    "ShedderSettings",
     "StoreUnavailable",
+    "WorkerUtilizationShedder",
     "__version__",
 ]

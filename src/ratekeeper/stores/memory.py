@@ -6,6 +6,9 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 - an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
   rest;
+- leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
+  delegates to; a key's lease table is dropped when its last lease goes, and ``sweep()`` drops
+  leases that expired unreleased;
 - at most ``max_keys`` entries: the least recently used (hit, rejected or peeked) is evicted
   first, so a flood of distinct keys cannot exhaust memory (an evicted key starts fresh — it
   fails open, never closed — but a key that keeps being rejected keeps being used, so a flood
@@ -19,6 +22,7 @@ from typing import Any
 
 from ..algorithms import Outcome
 from ..plan import Plan, run_stack
+from .leases import MemoryLeases
 
 _Entry = tuple[int, Any]  # (expires_ms, state)
 
@@ -34,6 +38,7 @@ class MemoryStore:
         self._writes = 0
         self._data: dict[tuple[str, str], _Entry] = {}
         self._lock = threading.Lock()
+        self._leases = MemoryLeases()
 
     def __len__(self) -> int:
         return len(self._data)
@@ -120,6 +125,34 @@ class MemoryStore:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
 
+    def acquire_lease(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """Sweep, count and add one lease atomically (``LeaseStore``)."""
+        return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+
+    def release_lease(self, key: str, lease_id: str) -> bool:
+        """Remove one lease (``LeaseStore``)."""
+        return self._leases.release_lease(key, lease_id)
+
+    def count_leases(self, key: str, now_ms: int) -> int:
+        """Live leases of ``key`` (``LeaseStore``)."""
+        return self._leases.count_leases(key, now_ms)
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """The same as ``acquire_lease``: nothing in it blocks."""
+        return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        """The same as ``release_lease``."""
+        return self._leases.release_lease(key, lease_id)
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        """The same as ``count_leases``."""
+        return self._leases.count_leases(key, now_ms)
+
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
         data = self._data
         data.pop(key, None)  # re-insert at the end: dict order is least recently used first
@@ -138,13 +171,13 @@ class MemoryStore:
             del data[k]
 
     def sweep(self, now: float) -> int:
-        """Drop every entry whose state stopped mattering by epoch second ``now``."""
+        """Drop every entry (and lease) whose state stopped mattering by epoch second ``now``."""
         now_ms = round(now * 1000)
         with self._lock:
             stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
             for k in stale:
                 del self._data[k]
-        return len(stale)
+        return len(stale) + self._leases.sweep(now_ms)
 
 
 def _head(data: dict[tuple[str, str], _Entry], n: int) -> list[tuple[tuple[str, str], _Entry]]:

@@ -1,0 +1,154 @@
+"""Middleware overhead per allowed request: ratekeeper vs slowapi on the same FastAPI app.
+
+Every variant serves the same FastAPI endpoint with the same rule (1,000,000 requests per minute
+per client IP, memory storage, so every request is allowed). Requests are plain ASGI calls in
+one event loop — no network, no test client — so the difference from the bare app is the
+middleware's own cost. Run::
+
+    .venv/bin/python -m benchmarks.bench_middleware [--requests 3000] [--rounds 7]
+
+Prints microseconds per request (median of rounds) for each variant, the overhead over the
+bare app, and the ratio of slowapi's overhead to ratekeeper's. Figures on a shared machine are
+noisy: compare ratios within one run, not numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from slowapi import Limiter as SlowLimiter
+from slowapi import _rate_limit_exceeded_handler
+from slowapi.errors import RateLimitExceeded
+from slowapi.middleware import SlowAPIASGIMiddleware
+from slowapi.util import get_remote_address
+
+from ratekeeper.middleware import RateCheck, RateLimitMiddleware
+
+RULE = "1000000/minute"
+Variant = Callable[[], Any]
+
+
+def bare() -> Any:
+    app = FastAPI()
+
+    @app.get("/items")
+    async def items() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def ratekeeper_headers() -> Any:
+    """ratekeeper, pure ASGI, rate headers on every response (its only mode)."""
+    return RateLimitMiddleware(bare(), [RateCheck("api", RULE)])
+
+
+def slowapi_decorator(headers: bool) -> Variant:
+    """slowapi's documented usage: a decorator on the route."""
+
+    def build() -> Any:
+        limiter = SlowLimiter(key_func=get_remote_address, headers_enabled=headers)
+        app = FastAPI()
+        app.state.limiter = limiter
+        app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]  # slowapi's documented handler
+
+        @app.get("/items")
+        @limiter.limit(RULE)
+        async def items(request: Request, response: Response) -> dict[str, bool]:
+            return {"ok": True}
+
+        return app
+
+    return build
+
+
+def slowapi_middleware() -> Any:
+    """slowapi's ASGI middleware applying a default limit to every route."""
+    limiter = SlowLimiter(key_func=get_remote_address, default_limits=[RULE])
+    app = bare()
+    app.state.limiter = limiter
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
+    app.add_middleware(SlowAPIASGIMiddleware)
+    return app
+
+
+VARIANTS: dict[str, Variant] = {
+    "bare FastAPI": bare,
+    "ratekeeper (headers)": ratekeeper_headers,
+    "slowapi decorator": slowapi_decorator(False),
+    "slowapi decorator (headers)": slowapi_decorator(True),
+    "slowapi ASGI middleware": slowapi_middleware,
+}
+
+SCOPE = {
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "method": "GET",
+    "scheme": "http",
+    "path": "/items",
+    "raw_path": b"/items",
+    "query_string": b"",
+    "root_path": "",
+    "headers": [(b"host", b"bench"), (b"user-agent", b"bench"), (b"accept", b"*/*")],
+    "client": ("192.0.2.10", 50000),
+    "server": ("bench", 80),
+}
+
+
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def run_requests(app: Any, n: int) -> float:
+    """Seconds for ``n`` sequential requests; checks every one got a 200."""
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    start = time.perf_counter()
+    for _ in range(n):
+        await app(dict(SCOPE), _receive, send)
+    elapsed = time.perf_counter() - start
+    if statuses != [200] * n:
+        raise RuntimeError(f"unexpected statuses: {sorted(set(statuses))}")
+    return elapsed
+
+
+async def measure(requests: int, rounds: int) -> dict[str, float]:
+    apps = {name: build() for name, build in VARIANTS.items()}
+    for app in apps.values():  # warm up (lazy middleware stacks, caches)
+        await run_requests(app, 200)
+    samples: dict[str, list[float]] = {name: [] for name in apps}
+    for _ in range(rounds):  # interleave variants so drifting load hits all alike
+        for name, app in apps.items():
+            samples[name].append(await run_requests(app, requests) / requests * 1e6)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.requests, args.rounds))
+    base = result["bare FastAPI"]
+    ours = result["ratekeeper (headers)"] - base
+    print(f"{'variant':32} {'us/request':>11} {'overhead us':>12} {'vs ratekeeper':>14}")
+    for name, micros in result.items():
+        overhead = micros - base
+        ratio = "" if name == "bare FastAPI" else f"{overhead / ours:13.1f}x"
+        print(f"{name:32} {micros:11.1f} {overhead:12.1f} {ratio:>14}")
+    print(f"({args.rounds} rounds of {args.requests} requests, median; shared machine: noisy)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""``ConcurrencyLimiter``: at most N requests in progress per key (Stripe's second limiter).
+
+A request takes a ``Lease`` when it starts and gives it back when it ends. Leases live in a
+lease store (``stores.leases``: memory, or a Redis sorted set scored by expiry) and expire after
+``lease_ttl`` seconds by the limiter's clock, so a worker that crashed mid-request frees its slot
+on its own. Sweeping expired leases, counting live ones and adding the new one are a single
+atomic store call — there is no window between cleanup and count. Timeline, capacity 2, TTL 60::
+
+    t=0   acquire(a) -> lease 1 (1 live)     t=1   acquire(a) -> lease 2 (2 live)
+    t=2   acquire(a) -> None (2 live)        t=3   release(lease 1)      (1 live)
+    t=4   acquire(a) -> lease 3 (2 live)     t=61  acquire(a) -> lease 4: lease 2 expired
+
+Failure policy (``fail_open=True``, the default): a store error gives a lease marked
+``degraded`` (the request goes ahead; releasing it is a no-op) and is logged at most once per
+``log_interval`` seconds; ``fail_open=False`` raises ``StoreUnavailable``. As in ``Limiter``,
+after 3 failures in a row a circuit breaker stops calling the store for 0.5 s, doubling on each
+failed trial up to 30 s, so a hung Redis does not add its timeout to every request (a lease
+taken before the breaker opened then expires by its TTL instead of being released).
+``Limiter``'s rule of "over the limit is an answer, not an exception" holds: ``acquire``
+returns ``None``.
+
+``ConcurrencyLimiter`` and ``AsyncConcurrencyLimiter`` share ``_LeaseCore`` and differ only
+where ``await`` appears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import Clock
+from .errors import ConfigError, StoreUnavailable
+from .plan import check_key
+from .stores.leases import AsyncLeaseStore, LeaseStore
+
+log = logging.getLogger("ratekeeper")
+
+BREAKER_THRESHOLD = 3
+BREAKER_COOLDOWN = 0.5
+BREAKER_MAX_COOLDOWN = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One request in progress under ``key``; ``expires_at`` is epoch seconds.
+
+    ``degraded`` marks a lease granted without the store (fail open); releasing it does nothing.
+    """
+
+    key: str
+    id: str
+    expires_at: float
+    degraded: bool = False
+
+
+def check_capacity(capacity: object, what: str = "capacity") -> int:
+    """A capacity is a whole number >= 1 and below 2**52."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity < 2**52:
+        raise ConfigError(f"{what}={capacity!r} is invalid; expected a whole number >= 1")
+    return capacity
+
+
+class _LeaseCore:
+    """Validation, lease ids, expiry arithmetic, fail-open policy and counters."""
+
+    def __init__(
+        self, capacity: int, lease_ttl: float, clock: Clock, fail_open: bool, log_interval: float
+    ) -> None:
+        self.capacity = check_capacity(capacity)
+        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float):
+            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+        if not 0 < lease_ttl <= 86_400 * 365:
+            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+        if not callable(clock):
+            raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        self.lease_ttl = float(lease_ttl)
+        self.clock = clock
+        self.fail_open = fail_open
+        self.log_interval = log_interval
+        self._last_log = -1e18
+        self._failures = 0
+        self._open_until = 0.0
+        self._cooldown = BREAKER_COOLDOWN
+        self.counts = {
+            "acquired": 0,
+            "rejected": 0,
+            "released": 0,
+            "degraded": 0,
+            "errors": 0,
+            "breaker_skips": 0,
+        }
+
+    def skip(self) -> bool:
+        """True while the breaker is open: the store is not called."""
+        if self._open_until and self.clock() < self._open_until:
+            self.counts["breaker_skips"] += 1
+            return True
+        return False
+
+    def succeeded(self) -> None:
+        """A store call worked: close the breaker."""
+        if self._failures:
+            self._failures = 0
+            self._open_until = 0.0
+            self._cooldown = BREAKER_COOLDOWN
+
+    def start(self, key: str, capacity: int | None) -> tuple[str, int, int, int]:
+        """Validate one acquire: (lease id, capacity, now_ms, expires_ms)."""
+        if type(key) is not str or not key:
+            check_key(key)
+        cap = self.capacity if capacity is None else check_capacity(capacity)
+        now_ms = int(self.clock() * 1000)
+        return os.urandom(9).hex(), cap, now_ms, now_ms + int(self.lease_ttl * 1000)
+
+    def granted(self, key: str, lease_id: str, ok: bool, expires_ms: int) -> Lease | None:
+        """The answer to an acquire the store replied to."""
+        if not ok:
+            self.counts["rejected"] += 1
+            return None
+        self.counts["acquired"] += 1
+        return Lease(key, lease_id, expires_ms / 1000)
+
+    def failed(self, key: str, lease_id: str, expires_ms: int, exc: Exception | None) -> Lease:
+        """A store error (None: breaker open) on acquire: a degraded lease or an error."""
+        if exc is not None:
+            self.record_error(exc)
+        if not self.fail_open:
+            if exc is None:
+                raise StoreUnavailable("lease store unavailable (circuit breaker open)")
+            raise StoreUnavailable(f"lease store unavailable: {exc}") from exc
+        self.counts["degraded"] += 1
+        return Lease(key, lease_id, expires_ms / 1000, degraded=True)
+
+    def record_error(self, exc: Exception) -> None:
+        """Count a store error, open the breaker after a few in a row, log once per interval."""
+        self.counts["errors"] += 1
+        now = self.clock()
+        self._failures += 1
+        if self._failures >= BREAKER_THRESHOLD:
+            if self._open_until:
+                self._cooldown = min(self._cooldown * 2, BREAKER_MAX_COOLDOWN)
+            self._open_until = now + self._cooldown
+        if now - self._last_log >= self.log_interval:
+            self._last_log = now
+            log.warning("ratekeeper lease store failed (%s); failing open", exc)
+
+
+class _Base:
+    _core: _LeaseCore
+
+    @property
+    def capacity(self) -> int:
+        """Most leases live at once per key."""
+        return self._core.capacity
+
+    @property
+    def lease_ttl(self) -> float:
+        """Seconds after which an unreleased lease expires."""
+        return self._core.lease_ttl
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``acquired``, ``rejected``, ``released``, ``degraded``, ``errors``."""
+        return dict(self._core.counts)
+
+
+class ConcurrencyLimiter(_Base):
+    """At most ``capacity`` leases live per key, over any ``LeaseStore``."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        capacity: int,
+        lease_ttl: float = 60.0,
+        *,
+        clock: Clock = time.time,
+        fail_open: bool = True,
+        log_interval: float = 10.0,
+    ) -> None:
+        if not isinstance(store, LeaseStore):
+            raise ConfigError(f"store {store!r} cannot hold leases; expected a LeaseStore")
+        self.store = store
+        self._core = _LeaseCore(capacity, lease_ttl, clock, fail_open, log_interval)
+
+    def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+        core = self._core
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        if core.skip():
+            return core.failed(key, lease_id, expires_ms, None)
+        try:
+            ok, _ = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
+        except Exception as exc:
+            return core.failed(key, lease_id, expires_ms, exc)
+        core.succeeded()
+        return core.granted(key, lease_id, ok, expires_ms)
+
+    def release(self, lease: Lease | None) -> None:
+        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
+        if lease is None or lease.degraded or self._core.skip():
+            return
+        try:
+            self.store.release_lease(lease.key, lease.id)
+        except Exception as exc:
+            self._core.record_error(exc)
+            return
+        self._core.counts["released"] += 1
+
+    @contextlib.contextmanager
+    def slot(self, key: str) -> Iterator[Lease | None]:
+        """``with limiter.slot(key) as lease:`` — None when full; released on any exit."""
+        lease = self.acquire(key)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    def in_use(self, key: str) -> int:
+        """Live leases of ``key`` now."""
+        return self.store.count_leases(check_key(key), int(self._core.clock() * 1000))
+
+
+class AsyncConcurrencyLimiter(_Base):
+    """The same limiter for asyncio, over any ``AsyncLeaseStore``."""
+
+    def __init__(
+        self,
+        store: AsyncLeaseStore,
+        capacity: int,
+        lease_ttl: float = 60.0,
+        *,
+        clock: Clock = time.time,
+        fail_open: bool = True,
+        log_interval: float = 10.0,
+    ) -> None:
+        if not isinstance(store, AsyncLeaseStore):
+            raise ConfigError(f"store {store!r} cannot hold leases; expected an AsyncLeaseStore")
+        self.store = store
+        self._core = _LeaseCore(capacity, lease_ttl, clock, fail_open, log_interval)
+
+    async def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+        core = self._core
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        if core.skip():
+            return core.failed(key, lease_id, expires_ms, None)
+        try:
+            ok, _ = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
+        except Exception as exc:
+            return core.failed(key, lease_id, expires_ms, exc)
+        core.succeeded()
+        return core.granted(key, lease_id, ok, expires_ms)
+
+    async def release(self, lease: Lease | None) -> None:
+        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
+        if lease is None or lease.degraded or self._core.skip():
+            return
+        try:
+            await self.store.release_lease_async(lease.key, lease.id)
+        except Exception as exc:
+            self._core.record_error(exc)
+            return
+        self._core.counts["released"] += 1
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[Lease | None]:
+        """``async with limiter.slot(key) as lease:`` — None when full; released on any exit."""
+        lease = await self.acquire(key)
+        try:
+            yield lease
+        finally:
+            await self.release(lease)
+
+    async def in_use(self, key: str) -> int:
+        """Live leases of ``key`` now."""
+        return await self.store.count_leases_async(check_key(key), int(self._core.clock() * 1000))

@@ -1,0 +1,44 @@
+"""ASGI and WSGI middleware putting ratekeeper's limiters and shedders in front of an API.
+
+    from ratekeeper.middleware import RateLimitMiddleware, RateCheck, keys
+    app.add_middleware(RateLimitMiddleware, checks=[RateCheck("api", "10/second; 500/hour")])
+
+What belongs where:
+
+- ``checks``: the check configurations and ``Controls`` (modes, counters, Redis flags);
+- ``request``: ``RequestInfo`` from a scope or environ, key functions, priorities, path matching
+  (also importable as ``ratekeeper.middleware.keys``);
+- ``responses``: rejection bodies and headers, pure;
+- ``gate``: the admission rules, written once as generators of store operations;
+- ``asgi`` / ``wsgi``: the two drivers, a screenful of I/O each.
+
+No web framework is imported here or anywhere in ratekeeper's middleware.
+"""
+
+from . import request as keys
+from .asgi import RateLimitMiddleware as RateLimitMiddleware
+from .checks import ConcurrencyCheck as ConcurrencyCheck
+from .checks import Controls as Controls
+from .checks import FleetCheck as FleetCheck
+from .checks import RateCheck as RateCheck
+from .checks import WorkerCheck as WorkerCheck
+from .checks import redis_flags as redis_flags
+from .request import RequestInfo as RequestInfo
+from .request import priorities as priorities
+from .responses import Rejection as Rejection
+from .wsgi import WSGIRateLimitMiddleware as WSGIRateLimitMiddleware
+
+__all__ = [
+    "ConcurrencyCheck",
+    "Controls",
+    "FleetCheck",
+    "RateCheck",
+    "RateLimitMiddleware",
+    "Rejection",
+    "RequestInfo",
+    "WSGIRateLimitMiddleware",
+    "WorkerCheck",
+    "keys",
+    "priorities",
+    "redis_flags",
+]

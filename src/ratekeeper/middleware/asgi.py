@@ -1,0 +1,176 @@
+"""``RateLimitMiddleware``: pure ASGI (no framework imported), for Starlette, FastAPI & co.
+
+Non-HTTP scopes pass straight through. The gate's flow runs with ``AsyncLimiter``,
+``AsyncConcurrencyLimiter`` and ``AsyncFleetUsageShedder`` over one store; a rejection is sent
+by the middleware itself, an allowed response gets its headers by wrapping ``send``. Leases are
+released and 304s refunded when the app returns — after the last body chunk of a streaming
+response, or when it raises or is cancelled because the client went away (shielded from that
+cancellation on asyncio, so the release itself is not cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from ..clock import Clock
+from ..concurrency import AsyncConcurrencyLimiter
+from ..limiter import AsyncLimiter
+from ..shedding import AsyncFleetUsageShedder
+from ..stores.base import AsyncStore
+from ..stores.memory import MemoryStore
+from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck
+from .gate import Admission, Gate, Op, run_async
+from .request import PriorityFunc, from_scope
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+_NAMES: dict[str, bytes] = {}
+
+
+def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    out = []
+    for name, value in headers:
+        raw = _NAMES.get(name)
+        if raw is None:
+            raw = _NAMES[name] = name.lower().encode("latin-1")
+        out.append((raw, value.encode("latin-1")))
+    return out
+
+
+class RateLimitMiddleware:
+    """ASGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
+
+    ``store`` (default: a new ``MemoryStore``) must be an ``AsyncStore``, and an
+    ``AsyncLeaseStore`` too when there are concurrency or fleet checks.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        checks: Iterable[Check] = (),
+        *,
+        store: Any = None,
+        clock: Clock = time.time,
+        controls: Controls | None = None,
+        exempt: Iterable[str] = (),
+        priority: PriorityFunc | None = None,
+        refund_statuses: Iterable[int] = (304,),
+        log_interval: float = 60.0,
+    ) -> None:
+        self.app = app
+        self.store: AsyncStore = MemoryStore() if store is None else store
+        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.controls = self.gate.controls
+        self.limiter = AsyncLimiter(self.store, clock=clock)
+        self._rates: dict[int, RateCheck] = {}
+        self._leases: dict[int, AsyncConcurrencyLimiter] = {}
+        self._fleets: dict[int, AsyncFleetUsageShedder] = {}
+        for i, c in enumerate(self.gate.checks):
+            if isinstance(c, RateCheck):
+                self._rates[i] = c
+            elif isinstance(c, ConcurrencyCheck):
+                self._leases[i] = AsyncConcurrencyLimiter(
+                    self.store, c.capacity, c.lease_ttl, clock=clock
+                )
+            elif isinstance(c, FleetCheck):
+                self._fleets[i] = AsyncFleetUsageShedder(
+                    self.store,
+                    c.capacity,
+                    c.reserved_for_critical,
+                    c.lease_ttl,
+                    key=c.name,
+                    clock=clock,
+                )
+
+    async def _execute(self, op: Op) -> Any:
+        kind = op.kind
+        if kind == "hit" or kind == "refund":
+            c = self._rates[op.position]
+            call = self.limiter.hit if kind == "hit" else self.limiter.refund
+            return await call(
+                op.key,
+                c.rate,
+                algorithm=c.algorithm,
+                cost=op.cost,
+                burst=c.burst,
+                buckets=c.buckets,
+            )
+        if kind == "acquire":
+            return await self._leases[op.position].acquire(op.key)
+        if kind == "admit":
+            return await self._fleets[op.position].admit(op.critical)
+        holder = self._leases.get(op.position) or self._fleets[op.position]
+        return await holder.release(op.lease)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        gate = self.gate
+        adm = Admission()
+        try:
+            await run_async(gate.admit(from_scope(scope), adm), self._execute)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            gate.failed_open("ratekeeper", exc)
+        rejection = adm.rejection
+        if rejection is not None:
+            await self._finish(adm, rejection.status)
+            start = {"type": "http.response.start", "status": rejection.status}
+            await send({**start, "headers": _encode(rejection.headers)})
+            body = b"" if scope.get("method") == "HEAD" else rejection.body
+            await send({"type": "http.response.body", "body": body})
+            return
+        if not adm.entered:  # exempt
+            await self.app(scope, receive, send)
+            return
+        extra = _encode(adm.headers)
+        status: int | None = None
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            await self._finish(adm, status)
+
+    async def _finish(self, adm: Admission, status: int | None) -> None:
+        ops = self.gate.finish(adm, status)
+        if not ops:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no shield to use
+            await self._run_ops(ops)
+            return
+        # Shielded: inside a cancelled task or anyio scope (client gone), an unshielded await
+        # would be cancelled again before the lease is released or the 304 refunded.
+        await asyncio.shield(self._run_ops(ops))
+
+    async def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
+            try:
+                await self._execute(op)
+            except Exception as exc:
+                self.gate.finish_failed(op, exc)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per check, requests in flight, and the limiter's store failures."""
+        return {
+            "checks": self.controls.stats(),
+            "in_flight": self.gate.in_flight,
+            "store": self.limiter.stats(),
+        }

@@ -1,0 +1,256 @@
+"""The checks a middleware runs, in order, and the controls an operator holds over them.
+
+Checks are frozen configuration: each middleware builds the live limiters for its flavour (sync
+for WSGI, async for ASGI) from them, over one store.
+
+- ``RateCheck``: a request-rate rule — any algorithm, stacked rates, a key function, routes,
+  methods and a cost (a number or a function of the request). Over the limit: 429.
+- ``ConcurrencyCheck``: at most ``capacity`` requests in progress per key. Over: 429.
+- ``FleetCheck``: the fleet-usage shedder; requests of the first priority tier are critical.
+  Over the non-critical share: 503.
+- ``WorkerCheck``: the worker-utilization shedder, fed by default with this middleware's share
+  of ``max_in_flight`` requests in progress. Shed: 503.
+
+``Controls`` is the object the app keeps: a mode per check (``enforce``, ``shadow`` — decide and
+count but let everything through — or ``off``), switchable at runtime, optionally refreshed from
+flags in Redis (``redis_flags``), and the counters per check.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clock import Clock
+from ..concurrency import check_capacity
+from ..errors import ConfigError
+from ..plan import make_policy
+from ..rates import Rate
+from ..shedding import WorkerUtilizationShedder
+from .request import KeyFunc, PathMatcher, RequestInfo, client_ip
+
+log = logging.getLogger("ratekeeper")
+
+MODES = ("enforce", "shadow", "off")
+COUNTERS = ("allowed", "rejected", "shadow_rejected", "failed_open", "skipped")
+CostFunc = Callable[[RequestInfo], int]
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in '\r\n"\\'):
+        raise ConfigError(f"check name {name!r} is invalid; expected a short non-empty string")
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """Where a check applies: routes (empty: everywhere) and methods (empty: all)."""
+
+    routes: PathMatcher
+    methods: frozenset[str]
+
+    def applies(self, request: RequestInfo) -> bool:
+        if self.methods and request.method not in self.methods:
+            return False
+        return not self.routes or self.routes(request.path)
+
+
+def _scope(routes: Iterable[str], methods: Iterable[str]) -> _Scope:
+    return _Scope(PathMatcher(routes), frozenset(m.upper() for m in methods))
+
+
+@dataclass(frozen=True, slots=True)
+class RateCheck:
+    """Requests per key under a rate (or stack), e.g. ``RateCheck("api", "10/s; 500/h")``."""
+
+    name: str
+    rate: str | Rate | tuple[Rate, ...]
+    key: KeyFunc = field(default_factory=client_ip)
+    algorithm: str = "fixed_window"
+    burst: int | None = None
+    buckets: int | None = None
+    routes: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    cost: int | CostFunc = 1
+    where: _Scope = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        make_policy(self.rate, self.algorithm, self.burst, self.buckets)  # fail at startup
+        if not callable(self.cost) and (
+            isinstance(self.cost, bool) or not isinstance(self.cost, int) or self.cost < 1
+        ):
+            raise ConfigError(f"cost={self.cost!r} is invalid; expected a whole number >= 1")
+        object.__setattr__(self, "where", _scope(self.routes, self.methods))
+
+    def cost_of(self, request: RequestInfo) -> int:
+        """The units this request costs."""
+        return self.cost(request) if callable(self.cost) else self.cost
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyCheck:
+    """At most ``capacity`` requests in progress per key."""
+
+    name: str
+    capacity: int
+    key: KeyFunc = field(default_factory=client_ip)
+    lease_ttl: float = 60.0
+    routes: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    where: _Scope = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        check_capacity(self.capacity)
+        object.__setattr__(self, "where", _scope(self.routes, self.methods))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCheck:
+    """Stripe's fleet-usage shedder over ``capacity`` requests in progress fleet-wide."""
+
+    capacity: int
+    reserved_for_critical: float = 0.2
+    name: str = "fleet"
+    lease_ttl: float = 60.0
+    retry_after: int = 5
+    critical_tier: str = "critical"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        check_capacity(self.capacity)
+        check_capacity(self.retry_after, "retry_after")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCheck:
+    """Stripe's worker-utilization shedder (a default one if ``shedder`` is None)."""
+
+    shedder: WorkerUtilizationShedder | None = None
+    max_in_flight: int = 64
+    name: str = "workers"
+    retry_after: int = 5
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        check_capacity(self.max_in_flight, "max_in_flight")
+        check_capacity(self.retry_after, "retry_after")
+
+
+Check = RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck
+
+
+def redis_flags(client: Any, key: str = "ratekeeper:modes") -> Callable[[], dict[str, str]]:
+    """A flag source for ``Controls``: the Redis hash ``key`` mapping check name (or ``*`` for
+    every check) to a mode, e.g. ``HSET ratekeeper:modes api shadow``."""
+
+    def read() -> dict[str, str]:
+        raw = client.hgetall(key)
+        return {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in raw.items()
+        }
+
+    return read
+
+
+def check_mode(mode: object, where: str = "mode") -> str:
+    """A mode is one of ``enforce``, ``shadow``, ``off``."""
+    if mode not in MODES:
+        raise ConfigError(f"{where} {mode!r} is invalid; expected one of {', '.join(MODES)}")
+    return str(mode)
+
+
+class Controls:
+    """Kill switches, shadow mode and counters per check, for the app to hold and flip.
+
+    Precedence: a flag from ``source`` (per check, then ``*``) beats a mode set here, which
+    beats ``default``. The source is polled at most every ``refresh_every`` seconds; when it
+    fails, the last flags read stay in force and the failure is logged once per interval.
+    """
+
+    def __init__(
+        self,
+        modes: Mapping[str, str] | None = None,
+        *,
+        default: str = "enforce",
+        source: Callable[[], Mapping[str, str]] | None = None,
+        refresh_every: float = 5.0,
+        clock: Clock = time.time,
+    ) -> None:
+        self.default = check_mode(default, "default mode")
+        self._modes = {
+            name: check_mode(m, f"mode for {name!r}") for name, m in (modes or {}).items()
+        }
+        self._source = source
+        self._flags: dict[str, str] = {}
+        self._refresh_every = refresh_every
+        self._next_refresh = -1e18
+        self._last_log = -1e18
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def set(self, check: str, mode: str) -> None:
+        """Switch one check (or ``*``: every check without its own mode) now."""
+        self._modes[check] = check_mode(mode)
+
+    def clear(self, check: str) -> None:
+        """Forget the mode set here for ``check`` (it follows ``*``, then the default)."""
+        self._modes.pop(check, None)
+
+    def enforce(self, check: str) -> None:
+        """Reject over-limit requests."""
+        self.set(check, "enforce")
+
+    def shadow(self, check: str) -> None:
+        """Dark launch: decide and count, but let every request through."""
+        self.set(check, "shadow")
+
+    def kill(self, check: str) -> None:
+        """The kill switch: skip the check entirely."""
+        self.set(check, "off")
+
+    def mode(self, check: str) -> str:
+        """The mode in force for ``check`` now."""
+        if self._source is not None:
+            now = self.clock()
+            if now >= self._next_refresh:
+                self._refresh(now)
+            flags = self._flags
+            if flags:
+                flag = flags.get(check)
+                if flag not in MODES:
+                    flag = flags.get("*")
+                if flag in MODES:
+                    return flag
+        modes = self._modes
+        return modes.get(check) or modes.get("*") or self.default
+
+    def _refresh(self, now: float) -> None:
+        self._next_refresh = now + self._refresh_every
+        assert self._source is not None  # only called when a source is configured
+        try:
+            self._flags = dict(self._source())
+        except Exception as exc:
+            if now - self._last_log >= 60.0:
+                self._last_log = now
+                log.warning("ratekeeper could not read mode flags (%s); keeping the last", exc)
+
+    def count(self, check: str, what: str) -> None:
+        """Add one to a counter of ``check`` (see ``COUNTERS``)."""
+        with self._lock:
+            counts = self._counts.get(check)
+            if counts is None:
+                counts = self._counts[check] = dict.fromkeys(COUNTERS, 0)
+            counts[what] += 1
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters per check: allowed, rejected, shadow_rejected, failed_open, skipped."""
+        return {name: dict(c) for name, c in self._counts.items()}

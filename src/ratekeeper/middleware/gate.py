@@ -1,0 +1,298 @@
+"""The admission logic both middlewares share, written once as generators (sans-I/O).
+
+``Gate.admit(request, admission)`` walks the checks in order and *yields* each store operation
+(``Op``) it needs — a rate ``hit``, a lease ``acquire``, a fleet ``admit`` — receiving the
+result (or a ``Failure``) back; ``Gate.finish(admission, status)`` returns the ``refund`` and
+``release`` operations that end a request, as a list. The WSGI middleware drives the flow with
+``run`` and a sync executor, the ASGI one with ``run_async`` and an async executor: the two
+differ only where ``await`` appears (the pattern of httpx's ``auth_flow``).
+
+Rules:
+- a check in mode ``off`` is skipped; in ``shadow`` it decides and is counted, but never rejects
+  and never adds headers;
+- any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
+  request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+- the first enforced rejection stops the walk; charges already made are refunded and leases
+  released, so a rejected request consumes nothing;
+- an allowed response carries the headers of the enforced rate decision with least remaining;
+- a response whose status is in ``refund_statuses`` (default: 304) is refunded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from ..clock import Clock
+from ..concurrency import Lease
+from ..decision import Decision
+from ..errors import ConfigError
+from ..shedding import WorkerUtilizationShedder
+from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
+from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
+from .responses import (
+    Headers,
+    Rejection,
+    concurrency_rejection,
+    decision_headers,
+    rate_rejection,
+    shed_rejection,
+)
+
+log = logging.getLogger("ratekeeper")
+
+Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+
+
+class Op(NamedTuple):
+    """One store operation for the check at ``position`` (a tuple: built on every request)."""
+
+    kind: Kind
+    position: int
+    key: str = ""
+    cost: int = 1
+    critical: bool = False
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What the executor sends back when an operation raised."""
+
+    exc: Exception
+
+
+class Admission:
+    """What one request was granted: charges, leases, headers, or the rejection."""
+
+    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
+
+    def __init__(self) -> None:
+        self.tier: str | None = None
+        self.best: tuple[str, Decision] | None = None
+        self.charged: list[tuple[int, str, int]] = []
+        self.leases: list[tuple[int, Lease]] = []
+        self.headers: Headers = ()
+        self.rejection: Rejection | None = None
+        self.entered = False
+        self.done = False
+
+
+class _Degraded(Exception):
+    """A check answered without its store (it already logged): count as failed open."""
+
+
+Flow = Generator[Op, Any, None]
+
+
+class Gate:
+    """Checks, controls, exemptions, priorities and refund rules of one middleware."""
+
+    def __init__(
+        self,
+        checks: Iterable[Check],
+        controls: Controls | None,
+        exempt: Iterable[str],
+        priority: PriorityFunc | None,
+        refund_statuses: Iterable[int],
+        clock: Clock,
+        log_interval: float,
+    ) -> None:
+        if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+            checks = [checks]
+        self.checks: tuple[Check, ...] = tuple(checks)
+        for c in self.checks:
+            if not isinstance(c, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+                raise ConfigError(
+                    f"check {c!r} is invalid; expected RateCheck, ConcurrencyCheck, "
+                    "FleetCheck or WorkerCheck"
+                )
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"check names {dupes} are used twice; each check needs its own")
+        self.controls = Controls(clock=clock) if controls is None else controls
+        self.exempt = PathMatcher(exempt)
+        self.priority = priorities() if priority is None else priority
+        self.refund_statuses = frozenset(refund_statuses)
+        self.clock = clock
+        self.log_interval = log_interval
+        self.in_flight = 0
+        self._lock = threading.Lock()
+        self._shedders = {
+            i: c.shedder or WorkerUtilizationShedder(clock=clock)
+            for i, c in enumerate(self.checks)
+            if isinstance(c, WorkerCheck)
+        }
+        self._last_log = -1e18
+        self._unlogged = 0
+
+    def admit(self, request: RequestInfo, adm: Admission) -> Flow:
+        """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
+        if self.exempt and self.exempt(request.path):
+            return
+        adm.entered = True
+        with self._lock:
+            self.in_flight += 1
+        controls = self.controls
+        for index, check in enumerate(self.checks):
+            name = check.name
+            mode = controls.mode(name)
+            if mode == "off":
+                controls.count(name, "skipped")
+                continue
+            try:
+                verdict = yield from self._check(index, check, request, adm, mode)
+            except Exception as exc:
+                self.failed_open(name, exc)
+                continue
+            if verdict is True:
+                controls.count(name, "allowed")
+            elif verdict is False:
+                continue
+            elif mode == "shadow":
+                controls.count(name, "shadow_rejected")
+            else:
+                controls.count(name, "rejected")
+                adm.rejection = verdict
+                return
+        if adm.best is not None:
+            adm.headers = decision_headers(*adm.best)
+
+    def _check(
+        self, index: int, check: Check, request: RequestInfo, adm: Admission, mode: str
+    ) -> Generator[Op, Any, Rejection | bool]:
+        """One check: True if allowed, False if it does not apply, else the rejection."""
+        if isinstance(check, RateCheck | ConcurrencyCheck):
+            if not check.where.applies(request):
+                return False
+            key = check.key(request)
+            if key is None:
+                return False
+            key = f"{check.name}:{key}"
+            if isinstance(check, ConcurrencyCheck):
+                lease = _unwrap((yield Op("acquire", index, key)))
+                return self._keep(adm, index, lease) or concurrency_rejection(
+                    check.name, check.capacity
+                )
+            cost = check.cost_of(request)
+            decision: Decision = _unwrap((yield Op("hit", index, key, cost)))
+            if decision.degraded:
+                raise _Degraded
+            if not decision.allowed:
+                return rate_rejection(check.name, decision)
+            adm.charged.append((index, key, cost))
+            if mode == "enforce" and (
+                adm.best is None or decision.remaining < adm.best[1].remaining
+            ):
+                adm.best = (check.name, decision)
+            return True
+        if adm.tier is None:
+            adm.tier = self.priority(request)
+        if isinstance(check, FleetCheck):
+            critical = adm.tier == check.critical_tier
+            lease = _unwrap((yield Op("admit", index, critical=critical)))
+            return self._keep(adm, index, lease) or shed_rejection(
+                check.name, check.retry_after, check.capacity
+            )
+        return self._worker(index, check, adm.tier)
+
+    @staticmethod
+    def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
+        """Keep a granted lease for release; False when none was granted."""
+        if lease is None:
+            return False
+        if lease.degraded:
+            raise _Degraded
+        adm.leases.append((index, lease))
+        return True
+
+    def _worker(self, index: int, check: WorkerCheck, tier: str) -> Rejection | bool:
+        shedder = self._shedders[index]
+        utilization = None
+        if shedder.utilization is None:
+            utilization = self.in_flight / check.max_in_flight
+        if shedder.shed(tier, utilization):
+            return shed_rejection(check.name, check.retry_after)
+        return True
+
+    def finish(self, adm: Admission, status: int | None) -> list[Op]:
+        """The refunds and releases that end a request, once (``status`` None: the app raised).
+
+        The executor runs each and reports a failure to ``finish_failed``; none depends on
+        another's result, so this is a plain list (usually empty) rather than a flow.
+        """
+        if adm.done:
+            return []
+        adm.done = True
+        if adm.entered:
+            with self._lock:
+                self.in_flight -= 1
+        ops = []
+        if adm.charged and (
+            adm.rejection is not None or (status is not None and status in self.refund_statuses)
+        ):
+            ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
+        for index, lease in adm.leases:
+            ops.append(Op("release", index, lease=lease))
+        return ops
+
+    def finish_failed(self, op: Op, exc: Exception) -> None:
+        """Log a failed refund or release (the request has already been answered)."""
+        self.failed_open(self.checks[op.position].name, exc, count=False)
+
+    def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
+        """Count a failure and log it at most once per ``log_interval`` seconds."""
+        if count:
+            self.controls.count(name, "failed_open")
+        if isinstance(exc, _Degraded):
+            return
+        self._unlogged += 1
+        now = self.clock()
+        if now - self._last_log >= self.log_interval:
+            log.warning(
+                "ratekeeper check %r failed (%r); letting requests through "
+                "(%d failures since the last report)",
+                name,
+                exc,
+                self._unlogged,
+            )
+            self._last_log = now
+            self._unlogged = 0
+
+
+def _unwrap(result: Any) -> Any:
+    if isinstance(result, Failure):
+        raise result.exc
+    return result
+
+
+def run(flow: Flow, execute: Callable[[Op], Any]) -> None:
+    """Drive a gate flow with a sync executor."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = execute(op)
+            except Exception as exc:
+                result = Failure(exc)
+            op = flow.send(result)
+    except StopIteration:
+        return
+
+
+async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None:
+    """Drive a gate flow with an async executor."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = await execute(op)
+            except Exception as exc:
+                result = Failure(exc)
+            op = flow.send(result)
+    except StopIteration:
+        return

@@ -1,0 +1,121 @@
+"""Responses the middleware builds itself: rejections and the headers of allowed responses.
+
+Pure functions of a ``Decision`` (or a concurrency/shedding verdict) returning ``Rejection``
+data — status, header pairs, JSON body — that the ASGI and WSGI middlewares only send. Header
+pairs are ``str``; the ASGI side encodes them as latin-1.
+
+Rejection bodies tell the client what happened and what to do::
+
+    {"error": "rate_limited", "limit": 10, "retry_after": 3, "policy": "api",
+     "message": "Rate limit 'api' (10/1s) exceeded. Retry after 3 seconds."}
+
+``error`` is ``rate_limited`` (429), ``concurrency_limited`` (429) or ``overloaded`` (503).
+Every response decided by a rate check carries the deciding ``Decision``'s headers plus
+``X-RateLimit-Resource`` naming the check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..decision import Decision
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A response to send instead of calling the app."""
+
+    check: str
+    error: str
+    status: int
+    headers: Headers
+    body: bytes
+
+    @property
+    def status_line(self) -> str:
+        """``"429 Too Many Requests"`` or ``"503 Service Unavailable"`` (WSGI)."""
+        return "429 Too Many Requests" if self.status == 429 else "503 Service Unavailable"
+
+
+def decision_headers(check: str, decision: Decision) -> Headers:
+    """The decision's rate-limit headers plus ``X-RateLimit-Resource``."""
+    return (*decision.headers(check).items(), ("X-RateLimit-Resource", check))
+
+
+def _seconds(value: float) -> int | None:
+    return max(1, math.ceil(value - 1e-9)) if math.isfinite(value) else None
+
+
+def _build(
+    check: str, error: str, status: int, headers: Headers, body: Mapping[str, object]
+) -> Rejection:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    return Rejection(
+        check,
+        error,
+        status,
+        (
+            *headers,
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(data))),
+        ),
+        data,
+    )
+
+
+def rate_rejection(check: str, decision: Decision) -> Rejection:
+    """429 for a request rate over ``decision.rate``."""
+    retry = _seconds(decision.retry_after)
+    rate = decision.rate
+    if retry is None:
+        advice = "This request costs more than the limit allows; it can never succeed."
+    else:
+        advice = f"Retry after {retry} second{'s' if retry != 1 else ''}."
+    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
+    body = {
+        "error": "rate_limited",
+        "limit": decision.limit,
+        "retry_after": retry,
+        "policy": check,
+        "message": message,
+    }
+    return _build(check, "rate_limited", 429, decision_headers(check, decision), body)
+
+
+def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:
+    """429 for too many requests in progress under one key."""
+    message = (
+        f"Too many requests in progress for {check!r}: at most {capacity} at a time. "
+        "Wait for one to finish, then retry."
+    )
+    body = {
+        "error": "concurrency_limited",
+        "limit": capacity,
+        "retry_after": retry_after,
+        "policy": check,
+        "message": message,
+    }
+    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", check))
+    return _build(check, "concurrency_limited", 429, headers, body)
+
+
+def shed_rejection(check: str, retry_after: int, limit: int | None = None) -> Rejection:
+    """503 for load shedding: the service protects itself, not a quota of the client's."""
+    message = (
+        f"The service is overloaded and shed this request ({check!r}). "
+        f"Retry after {retry_after} seconds, with backoff."
+    )
+    body = {
+        "error": "overloaded",
+        "limit": limit,
+        "retry_after": retry_after,
+        "policy": check,
+        "message": message,
+    }
+    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", check))
+    return _build(check, "overloaded", 503, headers, body)

@@ -1,0 +1,230 @@
+"""ConcurrencyLimiter on the memory store and a real Redis: capacity, expiry, exactness, failure."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from ratekeeper import (
+    AsyncConcurrencyLimiter,
+    ConcurrencyLimiter,
+    ManualClock,
+    MemoryStore,
+    RedisStore,
+)
+from ratekeeper.errors import ConfigError, StoreUnavailable
+from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.leases import LeaseStore
+from ratekeeper.stores.redis_leases import AsyncRedisLeases, RedisLeases
+from tests import redis_servers as rs
+
+
+@pytest.fixture(params=["memory", "redis", "redis_store"])
+def store(request: pytest.FixtureRequest) -> Iterator[LeaseStore]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = request.getfixturevalue("redis_url")
+    if request.param == "redis_store":
+        redis_store = RedisStore(url, socket_timeout=2.0)
+        yield redis_store
+        redis_store.close()
+        return
+    client = redis.Redis.from_url(url)
+    yield RedisLeases(client)
+    client.close()
+
+
+def test_capacity_release_and_expiry(store: LeaseStore) -> None:
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=2, lease_ttl=60, clock=clock)
+    first = limiter.acquire("a")
+    clock.advance(1)
+    second = limiter.acquire("a")
+    assert first is not None and second is not None and first.id != second.id
+    assert first.expires_at == pytest.approx(clock() - 1 + 60)
+    assert limiter.acquire("a") is None
+    assert limiter.acquire("b") is not None  # keys are independent
+    assert limiter.in_use("a") == 2
+    limiter.release(first)
+    assert limiter.in_use("a") == 1
+    clock.advance(10)
+    third = limiter.acquire("a")
+    assert third is not None
+    assert limiter.acquire("a") is None
+    # second was never released (a crashed worker): it expires after the TTL, by the clock
+    clock.advance(50)  # t=61: second (taken at t=1) expired, third (t=11) is live
+    assert limiter.acquire("a") is not None
+    assert limiter.acquire("a") is None
+    assert limiter.stats()["rejected"] == 3
+
+
+def test_slot_releases_on_exception(store: LeaseStore) -> None:
+    limiter = ConcurrencyLimiter(store, capacity=1, clock=ManualClock())
+    with pytest.raises(RuntimeError), limiter.slot("k") as lease:
+        assert lease is not None
+        raise RuntimeError("boom")
+    with limiter.slot("k") as lease:
+        assert lease is not None
+        with limiter.slot("k") as inner:
+            assert inner is None
+    assert limiter.in_use("k") == 0
+
+
+def test_exact_under_threads(store: LeaseStore) -> None:
+    """Capacity 20, 50 threads at once: exactly 20 get a lease; churn never exceeds 20."""
+    limiter = ConcurrencyLimiter(store, capacity=20, clock=ManualClock())
+    barrier = threading.Barrier(50)
+    got: list[object] = []
+    lock = threading.Lock()
+    live = 0
+    peak = 0
+
+    def burst() -> None:
+        barrier.wait()
+        lease = limiter.acquire("shared")
+        with lock:
+            got.append(lease)
+        barrier.wait()  # nobody releases before everybody has tried
+        limiter.release(lease)
+
+    def churn() -> None:
+        nonlocal live, peak
+        for _ in range(20):
+            lease = limiter.acquire("churn")
+            if lease is None:
+                continue
+            with lock:
+                live += 1
+                peak = max(peak, live)
+            with lock:
+                live -= 1
+            limiter.release(lease)
+
+    for target in (burst, churn):
+        threads = [threading.Thread(target=target) for _ in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sum(1 for g in got if g is not None) == 20
+    assert 1 <= peak <= 20
+    assert limiter.in_use("shared") == 0 and limiter.in_use("churn") == 0
+
+
+def test_async_limiter_matches(redis_url: str) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        redis_store = RedisStore(redis_url, socket_timeout=2.0)
+        for store in (MemoryStore(), AsyncRedisLeases(client), redis_store):
+            limiter = AsyncConcurrencyLimiter(store, capacity=3, clock=ManualClock())
+            leases = await asyncio.gather(*(limiter.acquire("k") for _ in range(10)))
+            assert sum(1 for lease in leases if lease is not None) == 3
+            async with limiter.slot("k") as lease:
+                assert lease is None
+            for lease in leases:
+                await limiter.release(lease)
+            async with limiter.slot("k") as lease:
+                assert lease is not None
+                assert await limiter.in_use("k") == 1
+            assert await limiter.in_use("k") == 0
+        await client.aclose()
+        await redis_store.aclose()
+
+    asyncio.run(main())
+
+
+def test_redis_layout_shares_the_hash_tag_and_ttl_is_relative(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    clock = ManualClock(start=1_000.0)  # far in the past: the key TTL must not use it
+    limiter = ConcurrencyLimiter(RedisLeases(client, prefix="t"), capacity=5, clock=clock)
+    lease = limiter.acquire("user{1}")
+    assert lease is not None
+    key = redis_key("t", "user{1}", "c")
+    assert client.zscore(key, lease.id) == 1_060_000
+    assert 60_000 < client.pttl(key) <= 61_000
+
+
+def test_cluster_store(redis_cluster: rs.RedisCluster) -> None:
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=2, clock=ManualClock())
+    leases = [limiter.acquire(f"user:{i % 3}") for i in range(9)]
+    assert sum(1 for lease in leases if lease is not None) == 6
+    client.close()
+
+
+def test_fail_open_and_closed_with_redis_killed(fresh_redis: rs.RedisServer) -> None:
+    client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.5)
+    store = RedisLeases(client)
+    fresh_redis.kill()
+    limiter = ConcurrencyLimiter(store, capacity=1, clock=ManualClock())
+    leases = [limiter.acquire("k") for _ in range(3)]
+    assert all(lease is not None and lease.degraded for lease in leases)
+    limiter.release(leases[0])  # a no-op, not an error
+    assert limiter.stats()["degraded"] == 3
+    closed = ConcurrencyLimiter(store, capacity=1, fail_open=False)
+    with pytest.raises(StoreUnavailable):
+        closed.acquire("k")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"capacity": 0}, "capacity=0"),
+        ({"capacity": "5"}, "capacity='5'"),
+        ({"capacity": 1, "lease_ttl": 0}, "lease_ttl=0"),
+    ],
+)
+def test_bad_config_names_the_value(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        ConcurrencyLimiter(MemoryStore(), **kwargs)  # type: ignore[arg-type]  # bad on purpose
+
+
+def test_store_without_leases_is_refused() -> None:
+    with pytest.raises(ConfigError, match="LeaseStore"):
+        ConcurrencyLimiter(object(), 1)  # type: ignore[arg-type]  # bad on purpose
+
+
+def test_memory_sweep_drops_leases_never_released() -> None:
+    store = MemoryStore()
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=5, lease_ttl=10, clock=clock)
+    for i in range(3):
+        assert limiter.acquire(f"crashed-{i}") is not None
+    kept = limiter.acquire("busy")
+    clock.advance(5)
+    assert store.sweep(clock()) == 0
+    clock.advance(5)
+    assert store.sweep(clock()) == 4
+    assert kept is not None and limiter.in_use("busy") == 0
+
+
+def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None:
+    client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.2)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock)
+    held = limiter.acquire("k")
+    assert held is not None and not held.degraded
+    fresh_redis.pause()
+    try:
+        leases = [limiter.acquire("k") for _ in range(10)]
+        limiter.release(held)  # the breaker is open: not even tried
+        stats = limiter.stats()
+        assert all(lease is not None and lease.degraded for lease in leases)
+        assert stats["errors"] == 3 and stats["breaker_skips"] == 8
+    finally:
+        fresh_redis.resume()
+    clock.advance(0.5)  # the cool-down is over: the next call is a trial, and it works
+    trial = limiter.acquire("k")
+    assert trial is not None and not trial.degraded
+    # the unreleased lease stays until its TTL, and so may an acquire that timed out on our
+    # side but ran when the server woke up: both expire after lease_ttl
+    assert 2 <= limiter.in_use("k") <= 5
+    clock.advance(60)
+    assert limiter.in_use("k") == 0
+    client.close()
