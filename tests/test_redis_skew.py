@@ -51,3 +51,30 @@ def test_two_clocks_two_seconds_apart(redis_url: str, algorithm: str) -> None:
     assert admitted <= bound(algorithm)
     # and the skew does not stop traffic either: at least the limit per period got through
     assert admitted >= LIMIT * int(TRUE_SPAN / PERIOD)
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]
+)
+def test_skewed_writers_decide_like_the_memory_store(redis_url: str, algorithm: str) -> None:
+    # the Lua twins' "clock behind the writer" paths (token_bucket's now <= updated,
+    # sliding_window's index behind the stored one, sliding_log's insert before newer entries,
+    # gcra's tat ahead) give exactly the Python step's answers
+    from ratekeeper import MemoryStore
+
+    behind = ManualClock(1_700_000_000.0)
+    ahead = ManualClock(1_700_000_000.0 + SKEW)
+    redis_store, memory_store = RedisStore(redis_url), MemoryStore()
+    pairs = [
+        (Limiter(redis_store, clock=c, fail_open=False), Limiter(memory_store, clock=c))
+        for c in (behind, ahead)
+    ]
+    rate = "5/10s; 12/minute"
+    for i in range(int(120 / 0.35)):
+        remote, local = pairs[(i * 7 // 3) % 2]
+        cost = 1 + (i % 5 == 0)
+        assert remote.hit("k", rate, algorithm=algorithm, cost=cost) == local.hit(
+            "k", rate, algorithm=algorithm, cost=cost
+        ), i
+        behind.advance(0.35)
+        ahead.advance(0.35)
