@@ -16,6 +16,8 @@ from ratekeeper import (
     RedisStore,
     StoreUnavailable,
 )
+from ratekeeper.algorithms import Outcome
+from ratekeeper.plan import Op
 from ratekeeper.stores.keys import redis_key
 from tests import redis_servers as rs
 
@@ -221,3 +223,28 @@ def test_async_limiter_matches_memory(redis_url: str, algorithm: str) -> None:
     p = memory.peek("k", "3/minute", algorithm=algorithm)
     want.append((p.allowed, p.remaining, p.reset_at, p.retry_after))
     assert got == want
+
+
+OPS: tuple[Op, ...] = ("hit", "hit", "peek", "refund", "hit", "reset")
+
+
+def test_execute_and_execute_async_give_the_same_outcomes(redis_url: str) -> None:
+    clock = ManualClock()
+    sync_store = RedisStore(redis_url, prefix="sync")
+    async_store = RedisStore(redis_url, prefix="async")
+    planner = Limiter(MemoryStore(), clock=clock)._core
+    plans = []
+    for i in range(60):
+        algorithm = ALGORITHMS[i % len(ALGORITHMS)]
+        op = OPS[i % len(OPS)]
+        plans.append(
+            planner.plan(op, f"k{i % 3}", "3/second; 5/minute", algorithm, 1 + i % 2, None, None)
+        )
+        clock.advance(0.1)
+
+    async def run_async() -> list[tuple[Outcome, ...]]:
+        out = [await async_store.execute_async(plan) for plan in plans]
+        await async_store.aclose()
+        return out
+
+    assert [sync_store.execute(plan) for plan in plans] == asyncio.run(run_async())

@@ -5,8 +5,9 @@
 --          then per rate i: count, period_ms, burst (the bucket's capacity).
 -- State    (scaled, updated_ms): tokens x period_ms, and when they were counted. scaled is
 --          always a multiple of g = gcd(count, period_ms), so scaled / g is stored.
--- Value    one decimal "<scaled/g><updated_ms as 13 digits>" (an integer to Redis when it fits
---          in 64 bits); "<scaled/g>:<updated_ms>" when updated_ms is outside 0..10**13-1.
+-- Value    one decimal "<scaled/g><updated_ms - 1.7e12 as 12 digits>" (an integer to Redis when
+--          scaled/g < 9,223,372); "<scaled/g>:<updated_ms>" when updated_ms is before
+--          2023-11-14 or after 2055 (epoch 1.7e12 + 10**12 ms).
 -- Expiry   a bucket is full again at updated_ms + ceil((burst*period_ms - scaled) / count); every
 --          write sets a relative PEXPIRE of that - now_ms + 1000 (a missing key = a full bucket).
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
@@ -38,6 +39,10 @@ local function gcd(a, b)
   return a
 end
 
+-- times are stored as ms since EPOCH in 12 digits (until 2055), leaving 7 digits of a 64-bit
+-- integer for scaled / g: 10/hour, 100/minute or 1000/hour buckets stay integers to Redis
+local EPOCH = 1700000000000
+
 local function decode(raw)
   if not raw then
     return nil, nil
@@ -47,18 +52,19 @@ local function decode(raw)
     return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
   end
   local n = #raw
-  if n <= 13 then
-    return 0, tonumber(raw)
+  if n <= 12 then
+    return 0, tonumber(raw) + EPOCH
   end
-  return tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
+  return tonumber(string.sub(raw, 1, n - 12)), tonumber(string.sub(raw, n - 11)) + EPOCH
 end
 
 local function encode(high, time_ms)
-  if time_ms >= 0 and time_ms < 1e13 then
+  local since = time_ms - EPOCH
+  if since >= 0 and since < 1e12 then
     if high == 0 then
-      return string.format('%013d', time_ms)
+      return string.format('%012d', since)
     end
-    return string.format('%d%013d', high, time_ms)
+    return string.format('%d%012d', high, since)
   end
   return string.format('%d:%d', high, time_ms)
 end
