@@ -16,6 +16,7 @@ EXPECTED = {
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
     "StoreUnavailable",
     "__version__",
 }

@@ -16,6 +16,7 @@ from .limiter import AsyncLimiter as AsyncLimiter
 from .limiter import Limiter as Limiter
 from .rates import Rate as Rate
 from .stores.memory import MemoryStore as MemoryStore
+from .stores.redis import RedisStore as RedisStore
 
 __all__ = [
     "AsyncLimiter",
@@ -28,6 +29,7 @@ __all__ = [
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisStore",
     "StoreUnavailable",
     "__version__",
 ]
