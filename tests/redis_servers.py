@@ -76,7 +76,8 @@ class RedisServer:
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-            "--protected-mode", "no", "--loglevel", "warning", *self.extra,
+            "--protected-mode", "no", "--loglevel", "warning",
+            "--repl-diskless-sync-delay", "0", *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_ready()
