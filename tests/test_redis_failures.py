@@ -101,7 +101,9 @@ def test_stopped_redis_times_out_and_fails_open(fresh_redis: rs.RedisServer, kin
         fresh_redis.resume()
     clock.advance(0.5)
     after = limiter.hit("k", "10/minute")
-    assert not after.degraded and after.remaining in (8, 7)  # a timed-out hit may have landed
+    # Redis runs what was queued on its sockets once resumed: each timed-out hit (sent once,
+    # never retried) may have counted.
+    assert not after.degraded and 5 <= after.remaining <= 8
 
 
 def test_restart_between_calls_reloads_the_script(fresh_redis: rs.RedisServer, kind: str) -> None:
