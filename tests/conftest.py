@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis
 
 from tests import redis_servers as rs
 
@@ -99,47 +101,77 @@ def cluster_url(redis_cluster: rs.RedisCluster) -> str:
     return redis_cluster.url
 
 
-STORES = ("memory", "redis", "sharded", "cluster")
+REDIS_STORES = ("redis", "sharded", "cluster")
+STORES = ("memory", *REDIS_STORES)
 
 
-@pytest.fixture(params=STORES)
-def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
-    """Every store, one per parameter: ``make_store()`` returns a store on the same backend.
+@dataclass(frozen=True)
+class Backend:
+    """One kind of store: ``make()`` builds a store on it, ``flush()`` empties it.
 
-    Stores made by one factory share their state (the memory store is one object), as the
-    stores of several app servers would. Redis-backed stores are flushed before the test.
+    Stores made by one backend share their state (the memory store is one object), as the
+    stores of several app servers would. Their socket timeout is 5 s: tests on a shared
+    machine check decisions here, not latency (the failure tests set their own).
     """
+
+    kind: str
+    make: Callable[[], Any]
+    flush: Callable[[], None]
+
+    @property
+    def store(self) -> Any:
+        """One store on this backend, made on first use and shared by the test."""
+        if not self._made:
+            self._made.append(self.make())
+        return self._made[0]
+
+    _made: list[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+def _backend(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
     from ratekeeper import MemoryStore, RedisClusterStore, RedisStore, Shard, ShardedRedisStore
 
     made: list[Any] = []
-    make: Callable[[], Any]
-    if request.param == "memory":
+
+    def keep(store: Any) -> Any:
+        made.append(store)
+        return store
+
+    if kind == "memory":
         memory = MemoryStore()
-
-        def make() -> Any:
-            return memory
-
-    elif request.param == "redis":
+        yield Backend(kind, lambda: memory, lambda: memory.sweep(float("inf")) and None)
+        return
+    if kind == "redis":
         url = request.getfixturevalue("redis_url")
-
-        def make() -> Any:
-            made.append(RedisStore(url))
-            return made[-1]
-
-    elif request.param == "sharded":
+        urls = [url]
+        make: Callable[[], Any] = lambda: keep(RedisStore(url, socket_timeout=5))  # noqa: E731
+    elif kind == "sharded":
         urls = request.getfixturevalue("shard_urls")
-
-        def make() -> Any:
-            made.append(ShardedRedisStore([Shard(u) for u in urls]))
-            return made[-1]
-
+        make = lambda: keep(ShardedRedisStore([Shard(u) for u in urls], socket_timeout=5))  # noqa: E731
     else:
         url = request.getfixturevalue("cluster_url")
+        urls = [n.url for n in request.getfixturevalue("redis_cluster").nodes]
+        make = lambda: keep(RedisClusterStore(url, socket_timeout=5))  # noqa: E731
+    clients = [redis.Redis.from_url(u) for u in urls]
 
-        def make() -> Any:
-            made.append(RedisClusterStore(url))
-            return made[-1]
+    def flush() -> None:
+        for client in clients:
+            client.flushall()
 
-    yield make
+    yield Backend(kind, make, flush)
     for store in made:
         store.close()
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(params=STORES)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Every store: memory, Redis, sharded Redis, Redis Cluster (Redis ones flushed first)."""
+    yield from _backend(request, request.param)
+
+
+@pytest.fixture(params=REDIS_STORES)
+def redis_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Every Redis-backed store (flushed first)."""
+    yield from _backend(request, request.param)
