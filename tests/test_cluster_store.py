@@ -18,6 +18,8 @@ from ratekeeper import (
 from ratekeeper.stores.keys import redis_key
 from tests import redis_servers as rs
 
+TIMEOUT = 2.0  # these tests check behaviour on a shared machine, not latency
+
 
 def owner_of(cluster: rs.RedisCluster, key: str) -> rs.RedisServer:
     """The node that serves ``key``'s slot now."""
@@ -59,7 +61,9 @@ def errors(node: rs.RedisServer, kind: str) -> int:
 
 def test_a_stack_is_one_slot_and_all_or_nothing(cluster_url: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisClusterStore(cluster_url), clock=clock, fail_open=False)
+    limiter = Limiter(
+        RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=clock, fail_open=False
+    )
     rate = "2/minute; 5/hour"
     assert [limiter.hit("user:1", rate).allowed for _ in range(3)] == [True, True, False]
     clock.advance(60)
@@ -74,7 +78,9 @@ def test_a_stack_is_one_slot_and_all_or_nothing(cluster_url: str) -> None:
 
 @pytest.mark.parametrize("key", ["a{b}c", "a{b}d", "{}", "ключ 🔑 ün espacio", "x" * 10_000])
 def test_awkward_keys_keep_separate_counters(cluster_url: str, key: str) -> None:
-    limiter = Limiter(RedisClusterStore(cluster_url), clock=ManualClock(), fail_open=False)
+    limiter = Limiter(
+        RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=ManualClock(), fail_open=False
+    )
     limiter.hit("a{b}", "3/minute", cost=3)  # a neighbour that shares the "b" hash tag
     assert limiter.hit(key, "3/minute").remaining == 2
 
@@ -83,7 +89,7 @@ def test_follows_moved_after_a_slot_is_resharded(
     cluster_url: str, redis_cluster: rs.RedisCluster
 ) -> None:
     clock = ManualClock()
-    store = RedisClusterStore(cluster_url)
+    store = RedisClusterStore(cluster_url, socket_timeout=TIMEOUT)
     limiter = Limiter(store, clock=clock, fail_open=False)
     assert limiter.hit("mover", "10/minute").remaining == 9  # the client caches the slot map
     key = redis_key("rk", "mover", "f:10/1m")
@@ -104,7 +110,9 @@ def test_follows_ask_while_a_slot_is_migrating(
     cluster_url: str, redis_cluster: rs.RedisCluster
 ) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisClusterStore(cluster_url), clock=clock, fail_open=False)
+    limiter = Limiter(
+        RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=clock, fail_open=False
+    )
     assert limiter.hit("asker", "10/minute").remaining == 9
     key = redis_key("rk", "asker", "f:10/1m")
     src = owner_of(redis_cluster, key)
@@ -126,7 +134,9 @@ def test_follows_ask_while_a_slot_is_migrating(
 def test_noscript_on_every_node_reloads_transparently(
     cluster_url: str, redis_cluster: rs.RedisCluster
 ) -> None:
-    limiter = Limiter(RedisClusterStore(cluster_url), clock=ManualClock(), fail_open=False)
+    limiter = Limiter(
+        RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=ManualClock(), fail_open=False
+    )
     keys = [f"user:{i}" for i in range(12)]  # spread over the three nodes
     for key in keys:
         limiter.hit(key, "5/minute")
@@ -140,7 +150,9 @@ def test_noscript_on_every_node_reloads_transparently(
 def test_peek_is_one_round_trip_on_the_primary(
     cluster_url: str, redis_cluster: rs.RedisCluster
 ) -> None:
-    limiter = Limiter(RedisClusterStore(cluster_url), clock=ManualClock(), fail_open=False)
+    limiter = Limiter(
+        RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=ManualClock(), fail_open=False
+    )
     limiter.hit("peeker", "5/minute")
     for node in redis_cluster.nodes:
         node.client().config_resetstat()
@@ -156,7 +168,7 @@ def test_async_matches_sync(cluster_url: str) -> None:
     clock = ManualClock()
 
     async def run() -> list[tuple[bool, int, float]]:
-        store = RedisClusterStore(cluster_url)
+        store = RedisClusterStore(cluster_url, socket_timeout=TIMEOUT)
         limiter = AsyncLimiter(store, clock=clock, fail_open=False)
         out = []
         for _ in range(3):

@@ -26,9 +26,10 @@ from ratekeeper import (
 )
 from tests import redis_servers as rs
 
+TIMEOUT = 0.25  # short, so a stopped Redis costs little, but not flaky on a loaded machine
 KINDS: dict[str, Callable[[str], Any]] = {
-    "redis": lambda url: RedisStore(url),
-    "sharded": lambda url: ShardedRedisStore([Shard(url)]),
+    "redis": lambda url: RedisStore(url, socket_timeout=TIMEOUT),
+    "sharded": lambda url: ShardedRedisStore([Shard(url)], socket_timeout=TIMEOUT),
 }
 
 
@@ -159,7 +160,7 @@ def wait_cluster_ok(cluster: rs.RedisCluster, timeout: float = 20.0) -> None:
 
 def test_cluster_node_killed_fails_open_and_recovers(own_cluster: rs.RedisCluster) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisClusterStore(own_cluster.url), clock=clock)
+    limiter = Limiter(RedisClusterStore(own_cluster.url, socket_timeout=TIMEOUT), clock=clock)
     keys = [f"user:{i}" for i in range(9)]  # on all three nodes
     assert all(not limiter.hit(k, "10/minute").degraded for k in keys)
     victim = own_cluster.nodes[1]

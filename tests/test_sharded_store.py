@@ -20,6 +20,7 @@ from ratekeeper import (
 from ratekeeper.stores.keys import redis_key
 from tests import redis_servers as rs
 
+TIMEOUT = 2.0  # these tests check behaviour on a shared machine, not latency
 ALGORITHMS = ["fixed_window", "token_bucket", "sliding_window", "sliding_log", "gcra"]
 
 
@@ -105,7 +106,7 @@ def test_shard_names_default_to_the_address_without_credentials() -> None:
 
 
 def test_each_key_lives_wholly_on_its_owning_shard(shard_urls: list[str]) -> None:
-    store = ShardedRedisStore([Shard(u) for u in shard_urls])
+    store = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=TIMEOUT)
     limiter = Limiter(store, clock=ManualClock(), fail_open=False)
     clients = {Shard(u).name: redis.Redis.from_url(u) for u in shard_urls}
     groups = keys_by_shard(store, 60)
@@ -124,7 +125,9 @@ def test_writes_go_to_the_primary_and_peeks_to_the_replica(
     replicated: tuple[rs.RedisServer, rs.RedisServer, rs.RedisServer],
 ) -> None:
     a, a2, b = replicated
-    store = ShardedRedisStore([Shard(a.url, replicas=[a2.url]), Shard(b.url)])
+    store = ShardedRedisStore(
+        [Shard(a.url, replicas=[a2.url]), Shard(b.url)], socket_timeout=TIMEOUT
+    )
     limiter = Limiter(store, clock=ManualClock(), fail_open=False)
     key = keys_by_shard(store)[Shard(a.url).name][0]
     limiter.hit(key, "5/minute")
@@ -143,7 +146,9 @@ def test_a_rejected_hit_is_one_store_call_that_fills_the_whole_decision(
 ) -> None:
     a, a2, b = replicated
     clock = ManualClock()
-    store = ShardedRedisStore([Shard(a.url, replicas=[a2.url]), Shard(b.url)])
+    store = ShardedRedisStore(
+        [Shard(a.url, replicas=[a2.url]), Shard(b.url)], socket_timeout=TIMEOUT
+    )
     limiter = Limiter(store, clock=clock, fail_open=False)
     key = keys_by_shard(store)[Shard(a.url).name][0]
     first = limiter.hit(key, "2/minute")
@@ -166,7 +171,9 @@ def test_a_stale_replica_holding_an_ended_window_never_rejects(
 ) -> None:
     a, a2, b = replicated
     clock = ManualClock()
-    store = ShardedRedisStore([Shard(a.url, replicas=[a2.url]), Shard(b.url)])
+    store = ShardedRedisStore(
+        [Shard(a.url, replicas=[a2.url]), Shard(b.url)], socket_timeout=TIMEOUT
+    )
     limiter = Limiter(store, clock=clock, fail_open=False)
     key = keys_by_shard(store)[Shard(a.url).name][0]
     while limiter.hit(key, "3/minute", algorithm=algorithm).allowed:
@@ -190,7 +197,9 @@ def test_peek_falls_back_to_the_primary_and_skips_a_failed_replica_for_a_while(
 ) -> None:
     a, a2, b = replicated
     clock = ManualClock()
-    store = ShardedRedisStore([Shard(a.url, replicas=[a2.url]), Shard(b.url)])
+    store = ShardedRedisStore(
+        [Shard(a.url, replicas=[a2.url]), Shard(b.url)], socket_timeout=TIMEOUT
+    )
     limiter = Limiter(store, clock=clock, fail_open=False)
     key = keys_by_shard(store)[Shard(a.url).name][0]
     limiter.hit(key, "5/minute")
@@ -212,7 +221,9 @@ def test_replicas_take_turns(primary_replica: tuple[rs.RedisServer, rs.RedisServ
     primary, first = primary_replica
     second = rs.start_replica(primary)
     try:
-        store = ShardedRedisStore([Shard(primary.url, replicas=[first.url, second.url])])
+        store = ShardedRedisStore(
+            [Shard(primary.url, replicas=[first.url, second.url])], socket_timeout=TIMEOUT
+        )
         limiter = Limiter(store, clock=ManualClock(), fail_open=False)
         limiter.hit("k", "5/minute")
         rs.wait_replicated(primary)
@@ -233,8 +244,10 @@ def test_adding_a_shard_moves_some_keys_which_start_fresh(
     shard_urls: list[str], fresh_redis: rs.RedisServer
 ) -> None:
     clock = ManualClock()
-    old = ShardedRedisStore([Shard(u) for u in shard_urls])
-    grown = ShardedRedisStore([*(Shard(u) for u in shard_urls), Shard(fresh_redis.url)])
+    old = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=TIMEOUT)
+    grown = ShardedRedisStore(
+        [*(Shard(u) for u in shard_urls), Shard(fresh_redis.url)], socket_timeout=TIMEOUT
+    )
     before = Limiter(old, clock=clock, fail_open=False)
     after = Limiter(grown, clock=clock, fail_open=False)
     keys = [f"user:{i}" for i in range(90)]
@@ -255,7 +268,7 @@ def test_adding_a_shard_moves_some_keys_which_start_fresh(
 def test_losing_one_shard_degrades_only_its_keys(shard_urls: list[str]) -> None:
     dead = rs.RedisServer()
     clock = ManualClock()
-    store = ShardedRedisStore([Shard(shard_urls[0]), Shard(dead.url)])
+    store = ShardedRedisStore([Shard(shard_urls[0]), Shard(dead.url)], socket_timeout=TIMEOUT)
     limiter = Limiter(store, clock=clock)
     groups = keys_by_shard(store, 40)
     alive_keys, dead_keys = groups[Shard(shard_urls[0]).name], groups[Shard(dead.url).name]
@@ -287,7 +300,9 @@ def test_async_routes_like_sync(
     clock = ManualClock()
 
     async def run() -> tuple[int, int, int, list[tuple[bool, int, float]]]:
-        store = ShardedRedisStore([Shard(a.url, replicas=[a2.url]), Shard(b.url)])
+        store = ShardedRedisStore(
+            [Shard(a.url, replicas=[a2.url]), Shard(b.url)], socket_timeout=TIMEOUT
+        )
         limiter = AsyncLimiter(store, clock=clock, fail_open=False)
         key = keys_by_shard(store)[Shard(a.url).name][0]
         out = []
