@@ -139,7 +139,7 @@ def _backend(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
 
     if kind == "memory":
         memory = MemoryStore()
-        yield Backend(kind, lambda: memory, lambda: memory.sweep(float("inf")) and None)
+        yield Backend(kind, lambda: memory, lambda: memory.sweep(1e12) and None)
         return
     if kind == "redis":
         url = request.getfixturevalue("redis_url")
