@@ -50,6 +50,8 @@ class _Core:
         self._breaker_settings = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._breakers: dict[int, Breaker] = {0: Breaker(*self._breaker_settings)}  # validates
         self.partition: Callable[[Plan], int] | None = None
+        self.only: Breaker | None = self._breakers[0]
+        """The one breaker of a store without partitions (None when there is one per part)."""
         self.clock = clock
         self.fail_open = fail_open
         self._policies: dict[tuple[Any, ...], Policy] = {}
@@ -59,6 +61,7 @@ class _Core:
     def watch(self, store: object) -> None:
         """Keep one breaker per partition if ``store`` declares partitions."""
         self.partition = store.partition if isinstance(store, Partitioned) else None
+        self.only = None if self.partition is not None else self._breakers[0]
 
     def plan(
         self,
@@ -89,16 +92,20 @@ class _Core:
                 op, cost = "peek", 1
         return Plan(op, policy, key, int(self.clock() * 1000), cost)
 
-    def breaker(self, plan: Plan) -> Breaker | None:
-        """The breaker guarding ``plan``'s partition, or None if it is open (skip the store)."""
+    def breaker(self, plan: Plan) -> Breaker:
+        """The breaker guarding ``plan``'s partition (``only``, for most stores)."""
         part = 0 if self.partition is None else self.partition(plan)
         breaker = self._breakers.get(part)
         if breaker is None:
             breaker = self._breakers.setdefault(part, Breaker(*self._breaker_settings))
+        return breaker
+
+    def admit(self, plan: Plan, breaker: Breaker) -> bool:
+        """Whether ``plan`` may reach the store past an open ``breaker`` (counts the skips)."""
         if breaker.allow(plan.now_ms / 1000):
-            return breaker
+            return True
         self.counts["breaker_skips"] += 1
-        return None
+        return False
 
     def failed(
         self, plan: Plan, exc: BaseException | None, breaker: Breaker | None
@@ -188,14 +195,15 @@ class Limiter(_Base):
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        breaker = core.breaker(plan)
-        if breaker is None:
+        breaker = core.only or core.breaker(plan)
+        if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
             return core.failed(plan, exc, breaker)
-        breaker.succeeded()
+        if breaker.failures:
+            breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     def hit(
@@ -275,14 +283,15 @@ class AsyncLimiter(_Base):
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        breaker = core.breaker(plan)
-        if breaker is None:
+        breaker = core.only or core.breaker(plan)
+        if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
             return core.failed(plan, exc, breaker)
-        breaker.succeeded()
+        if breaker.failures:
+            breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     async def hit(
