@@ -100,10 +100,14 @@ class Codec:
         if entry is None or entry[0] is not policy:
             entry = self._remember(policy)
         _, sha, slots, args = entry
-        prefix, key = self.prefix, plan.key
-        keys = [redis_key(prefix, key, slot) for slot in slots]
-        name = "EVALSHA_RO" if plan.op == "peek" else "EVALSHA"
-        return (name, sha, len(keys), *keys, plan.op, plan.now_ms, plan.cost, *args)
+        op = plan.op
+        name = "EVALSHA_RO" if op == "peek" else "EVALSHA"
+        if len(slots) == 1:
+            key = redis_key(self.prefix, plan.key, slots[0])
+            return (name, sha, 1, key, op, plan.now_ms, plan.cost, *args)
+        prefix, caller = self.prefix, plan.key
+        keys = [redis_key(prefix, caller, slot) for slot in slots]
+        return (name, sha, len(keys), *keys, op, plan.now_ms, plan.cost, *args)
 
     def _remember(self, policy: Policy) -> tuple[Policy, str, tuple[str, ...], tuple[int, ...]]:
         if len(self._policies) >= 4096:
@@ -123,6 +127,9 @@ def outcomes(reply: Sequence[int] | None) -> tuple[Outcome, ...]:
     """A script reply (4 integers per rate, or empty) -> one ``Outcome`` per rate."""
     if not reply:
         return ()
+    if len(reply) == 4:  # the common single-rate case, without the generator
+        a, r, s, t = reply
+        return (Outcome(a == 1, r, s, INF if t < 0 else float(t)),)
     it = iter(reply)
     return tuple(
         Outcome(a == 1, r, s, INF if t < 0 else float(t))

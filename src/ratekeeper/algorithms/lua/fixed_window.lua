@@ -6,12 +6,15 @@
 -- Value    one decimal: "<count><end_ms as 13 digits>" (count left out when 0), which Redis
 --          stores as an integer when it fits in 64 bits; "<count>:<end_ms>" when end_ms is
 --          outside 0..10**13-1. Times are epoch ms from the caller's clock (never Redis TIME).
--- Expiry   a window ends by its stored end, never by TTL; every write sets a relative
---          PEXPIRE of end_ms - now_ms + 1000 so idle keys vanish.
+-- Expiry   a window ends by its stored end, never by TTL; opening a window (SET) sets a
+--          relative PEXPIRE of end_ms - now_ms + 1000 so idle keys vanish; later hits in it
+--          INCRBY cost x 10**13, which keeps both the integer encoding and that TTL; a refund
+--          rewrites the value with SET ... PX.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local reply, writes, all_allowed = {}, {}, true
 
 local function decode(raw)
   if not raw then
@@ -42,24 +45,37 @@ local function ttl(ends)
   return string.format('%d', math.max(1000, ends - now + 1000))
 end
 
-local reply, writes, all_allowed = {}, {}, true
+-- a hit in a live window whose value is a canonical integer adds delta x 10**13 with INCRBY:
+-- the value stays an integer in place and keeps the TTL set when the window opened
+local function change(i, raw, used, delta, ends)
+  if #raw > 13 and used + delta < 922336 and not string.find(raw, ':', 1, true) then
+    writes[i] = {'INCRBY', string.format('%d', delta * 1e13)}
+  else
+    writes[i] = {'SET', encode(used + delta, ends), 'PX', ttl(ends)}
+  end
+end
+
 for i = 1, #KEYS do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local used, ends = decode(redis.call('GET', KEYS[i]))
+  local raw = redis.call('GET', KEYS[i])
+  local used, ends = decode(raw)
   if op == 'refund' then
     if used and ends > now then
-      writes[i] = encode(math.max(0, used - cost), ends)
-      writes[-i] = ttl(ends)
+      writes[i] = {'SET', encode(used - math.min(cost, used), ends), 'PX', ttl(ends)}
     end
   else
-    if not used or ends <= now then
+    local live = used and ends > now
+    if not live then
       used, ends = 0, now + period
     end
     local allowed = used + cost <= count
     if allowed and op == 'hit' then
+      if live then
+        change(i, raw, used, cost, ends)
+      else
+        writes[i] = {'SET', encode(cost, ends), 'PX', ttl(ends)}
+      end
       used = used + cost
-      writes[i] = encode(used, ends)
-      writes[-i] = ttl(ends)
     end
     local retry = 0
     if not allowed then
@@ -76,8 +92,9 @@ end
 
 if op == 'refund' or (op == 'hit' and all_allowed) then
   for i = 1, #KEYS do
-    if writes[i] then
-      redis.call('SET', KEYS[i], writes[i], 'PX', writes[-i])
+    local w = writes[i]
+    if w then
+      redis.call(w[1], KEYS[i], unpack(w, 2))
     end
   end
 end

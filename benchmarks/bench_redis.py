@@ -1,0 +1,440 @@
+"""Redis benchmarks: ratekeeper's RedisStore against a raw EVALSHA loop and against the peers.
+
+Run: ``.venv/bin/python -m benchmarks.bench_redis [--quick] [--only a,b,c,d]`` (needs
+``redis-server``, ``taskset`` and the ``bench`` extra). Every Redis it uses is started here on a
+free 127.0.0.1 port and stopped by PID; nothing else is touched. Bounded: the full run sends
+about 1.5 million commands and takes a few minutes on 2 vCPUs.
+
+- (a) single-thread sync ``Limiter.hit`` on ``RedisStore`` vs a raw redis-py + hiredis
+  ``EVALSHA`` loop of the same script and arguments, unpinned and with client and redis-server
+  pinned to CPU 0 (``taskset -c 0``), best of three rounds each;
+- (b) the same algorithm in ``limits``, ``throttled-py`` and ``pyrate-limiter`` on the same
+  Redis: decisions/s, Redis CPU per decision (``INFO cpu`` user+sys delta, which includes the
+  server's network I/O) and script time per decision (``INFO commandstats`` usec of the EVAL
+  family, which includes the commands a script runs, plus plain commands for clients that send
+  them);
+- (c) Redis memory per key: ``used_memory`` delta over N keys with one hit each;
+  sliding_log per admitted entry;
+- (d) sliding_window vs sliding_log at 10, 1,000 and 10,000 requests per window.
+
+Figures are noisy: the machine is shared; compare ratios within one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from ratekeeper import Limiter, ManualClock, RedisStore
+from ratekeeper.stores.redis_codec import Codec, fallback, script
+from tests.redis_servers import free_port
+
+ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]
+
+
+# ---------------------------------------------------------------- servers and measurement
+
+
+@contextmanager
+def redis_server(pinned: bool) -> Iterator[redis.Redis]:
+    """A throwaway redis-server (on CPU 0 when ``pinned``), stopped by PID afterwards."""
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="rk-bench-")
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", workdir, "--loglevel", "warning"]  # fmt: skip
+    if pinned:
+        args = ["taskset", "-c", "0", *args]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    try:
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def pinned_client(pinned: bool) -> Iterator[None]:
+    """Run this process on CPU 0 only, when ``pinned``."""
+    before = os.sched_getaffinity(0)
+    if pinned:
+        os.sched_setaffinity(0, {0})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def url(client: redis.Redis) -> str:
+    return f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+
+
+def server_usage(client: redis.Redis) -> tuple[float, float, str]:
+    """(CPU seconds of the server, usec it spent in top-level commands).
+
+    Commands a script runs are counted in ``commandstats`` twice (on their own and inside the
+    EVAL's usec), so for clients that use scripts only the EVAL family counts; for clients that
+    send no script at all every command counts.
+    """
+    cpu = client.info("cpu")
+    stats = {k.split("_", 1)[1]: v for k, v in client.info("commandstats").items()}
+    evals = [v for k, v in stats.items() if k in ("evalsha", "evalsha_ro", "eval", "eval_ro")]
+    usec = (
+        sum(v["usec"] for v in evals)
+        if evals
+        else sum(v["usec"] for k, v in stats.items() if k not in ("info", "config|resetstat"))
+    )
+    calls = sorted(stats, key=lambda k: -stats[k]["calls"])
+    shape = "+".join(k.upper() for k in calls if k not in ("info", "config|resetstat"))[:40]
+    return cpu["used_cpu_user"] + cpu["used_cpu_sys"], usec, shape
+
+
+def measure(client: redis.Redis, n: int, run: Callable[[int], Any]) -> dict[str, Any]:
+    """Run ``run(i)`` for i < n; decisions/s and the server's cost per decision."""
+    client.config_resetstat()
+    cpu0, _, _ = server_usage(client)
+    start = time.perf_counter()
+    for i in range(n):
+        run(i)
+    elapsed = time.perf_counter() - start
+    cpu1, usec, shape = server_usage(client)
+    return {
+        "rate": n / elapsed,
+        "cpu_us": (cpu1 - cpu0) * 1e6 / n,
+        "cmd_us": usec / n,
+        "shape": shape,
+    }
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n{title}")
+    for r in [header, ["-" * w for w in widths], *rows]:
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+
+
+# ---------------------------------------------------------------- contenders
+
+
+def ours(client: redis.Redis, algorithm: str, rate: str, keys: int) -> Callable[[int], Any]:
+    limiter = Limiter(RedisStore(url(client), socket_timeout=1), fail_open=False)
+    names = [f"user:{i}" for i in range(keys)]
+    hit = limiter.hit
+    return lambda i: hit(names[i % keys], rate, algorithm=algorithm)
+
+
+def raw_evalsha(client: redis.Redis, algorithm: str, rate: str, keys: int) -> Callable[[int], Any]:
+    """The ceiling: redis-py + hiredis sending the same EVALSHA, nothing else."""
+    limiter = Limiter(RedisStore(client=client), fail_open=False)
+    plan = limiter._core.plan("hit", "user:0", rate, algorithm, 1, None, None)
+    command = Codec().command(plan)
+    sha, tail = command[1], command[4:]
+    client.script_load(script(algorithm).source)
+    redis_keys = [
+        Codec().command(limiter._core.plan("hit", f"user:{i}", rate, algorithm, 1, None, None))[3]
+        for i in range(keys)
+    ]
+    raw = redis.Redis(port=client.connection_pool.connection_kwargs["port"])
+    run = raw.execute_command
+    now = time.time
+    op, cost, args = tail[0], tail[2], tail[3:]
+    assert op == "hit"
+    return lambda i: run(
+        "EVALSHA", sha, 1, redis_keys[i % keys], op, int(now() * 1000), cost, *args
+    )
+
+
+def limits_peer(
+    client: redis.Redis, algorithm: str, rate: str, keys: int
+) -> Callable[[int], Any] | None:
+    from limits import parse, storage, strategies
+
+    cls = {
+        "fixed_window": strategies.FixedWindowRateLimiter,
+        "sliding_window": strategies.SlidingWindowCounterRateLimiter,
+        "sliding_log": strategies.MovingWindowRateLimiter,
+    }.get(algorithm)
+    if cls is None:
+        return None
+    limiter = cls(storage.RedisStorage(url(client)))
+    item = parse(rate)
+    names = [f"user:{i}" for i in range(keys)]
+    return lambda i: limiter.hit(item, names[i % keys])
+
+
+def throttled_peer(
+    client: redis.Redis, algorithm: str, rate: str, keys: int
+) -> Callable[[int], Any] | None:
+    from throttled import Throttled, rate_limiter, store
+
+    if algorithm == "sliding_log":
+        return None
+    count, per = rate.split("/")
+    quota = {"second": rate_limiter.per_sec, "minute": rate_limiter.per_min}[per](int(count))
+    throttle = Throttled(using=algorithm, quota=quota, store=store.RedisStore(server=url(client)))
+    names = [f"user:{i}" for i in range(keys)]
+    return lambda i: throttle.limit(names[i % keys])
+
+
+def pyrate_peer(
+    client: redis.Redis, algorithm: str, rate: str, keys: int
+) -> Callable[[int], Any] | None:
+    import pyrate_limiter as p
+
+    count, per = rate.split("/")
+    rates = [p.Rate(int(count), {"second": p.Duration.SECOND, "minute": p.Duration.MINUTE}[per])]
+    raw = redis.Redis(port=client.connection_pool.connection_kwargs["port"])
+    if algorithm == "sliding_log":
+        buckets = [p.RedisBucket.init(rates, raw, f"pyr:{i}") for i in range(keys)]
+    elif algorithm in ("gcra", "token_bucket"):
+        algo = p.GCRA if algorithm == "gcra" else p.TokenBucket
+        buckets = [
+            p.StateBucket(rates, algo(), p.RedisStateStore(raw, f"pyr:{i}")) for i in range(keys)
+        ]
+    else:
+        return None
+    now = time.time
+    return lambda i: buckets[i % keys].put(p.RateItem("x", int(now() * 1000), 1))
+
+
+PEERS = {"limits": limits_peer, "throttled-py": throttled_peer, "pyrate-limiter": pyrate_peer}
+
+
+# ---------------------------------------------------------------- the four parts
+
+
+def part_a(n: int) -> None:
+    rows = []
+    batch = 500
+    for pinned in (False, True):
+        with redis_server(pinned) as client, pinned_client(pinned):
+            runs = {
+                "raw": raw_evalsha(client, "fixed_window", "1000000/minute", 1000),
+                "ours": ours(client, "fixed_window", "1000000/minute", 1000),
+            }
+            spent = {"raw": 0.0, "ours": 0.0}
+            cpu = {"raw": 0.0, "ours": 0.0}
+            best = {"raw": float("inf"), "ours": float("inf")}
+            for run in runs.values():
+                for i in range(batch):
+                    run(i)
+            for _ in range(max(1, n // batch)):  # interleaved batches: noise hits both alike
+                for name, run in runs.items():
+                    start, cpu0 = time.perf_counter(), time.process_time()
+                    for i in range(batch):
+                        run(i)
+                    took = time.perf_counter() - start
+                    cpu[name] += time.process_time() - cpu0
+                    spent[name] += took
+                    best[name] = min(best[name], took)
+            calls = max(1, n // batch) * batch
+            rows.append(
+                [
+                    "pinned (taskset -c 0)" if pinned else "unpinned",
+                    f"{calls / spent['raw']:,.0f}",
+                    f"{calls / spent['ours']:,.0f}",
+                    f"{spent['raw'] / spent['ours']:.1%}",
+                    f"{best['raw'] / best['ours']:.1%}",
+                    f"{cpu['raw'] * 1e6 / calls:.1f}",
+                    f"{cpu['ours'] * 1e6 / calls:.1f}",
+                ]
+            )
+    table(
+        f"(a) sync Limiter.hit vs raw EVALSHA loop, fixed_window, {n:,} calls each, "
+        f"interleaved batches of {batch}",
+        [
+            "placement",
+            "raw EVALSHA/s",
+            "Limiter.hit/s",
+            "ours/raw (all)",
+            "ours/raw (best batch)",
+            "client CPU us raw",
+            "client CPU us ours",
+        ],
+        rows,
+    )
+
+
+def part_b(n: int, keys: int) -> None:
+    rows = []
+    with redis_server(False) as client:
+        for algorithm in ALGORITHMS:
+            contenders = [("ratekeeper", ours), *PEERS.items()]
+            for name, make in contenders:
+                client.flushall()
+                run = make(client, algorithm, "1000/minute", keys)
+                if run is None:
+                    continue
+                run(0)
+                m = measure(client, n, run)
+                rows.append(
+                    [
+                        algorithm,
+                        name,
+                        f"{m['rate']:,.0f}",
+                        f"{m['cpu_us']:.1f}",
+                        f"{m['cmd_us']:.1f}",
+                        m["shape"],
+                    ]
+                )
+    base = {r[0]: float(r[2].replace(",", "")) for r in rows if r[1] == "ratekeeper"}
+    for r in rows:
+        r.insert(3, f"{float(r[2].replace(',', '')) / base[r[0]]:.2f}")
+    table(
+        f"(b) same Redis and algorithm, 1000/minute over {keys:,} keys, {n:,} hits each, unpinned",
+        [
+            "algorithm",
+            "library",
+            "decisions/s",
+            "vs ours",
+            "Redis CPU us/dec",
+            "top-level us/dec",
+            "commands (most called first)",
+        ],
+        rows,
+    )
+
+
+def fill(client: redis.Redis, name: str, algorithm: str, keys: int) -> float:
+    """Bytes of used_memory per key after one hit on each of ``keys`` keys."""
+    before = client.info("memory")["used_memory"]
+    if name == "ratekeeper":
+        limiter = Limiter(RedisStore(client=client), fail_open=False)
+        codec = Codec()
+        for start in range(0, keys, 1000):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(keys, start + 1000)):
+                plan = limiter._core.plan(
+                    "hit", f"user:{i}", "1000/minute", algorithm, 1, None, None
+                )
+                pipe.execute_command(*fallback(codec.command(plan)))
+            pipe.execute()
+    else:
+        run = PEERS[name](client, algorithm, "1000/minute", keys)
+        assert run is not None
+        for i in range(keys):
+            run(i)
+    return (client.info("memory")["used_memory"] - before) / keys
+
+
+def part_c(keys: int) -> None:
+    rows = []
+    for algorithm in ALGORITHMS:
+        for name in ["ratekeeper", *PEERS]:
+            with redis_server(False) as client:  # a fresh server each: nothing left over
+                if (
+                    name != "ratekeeper"
+                    and PEERS[name](client, algorithm, "1000/minute", 1) is None
+                ):
+                    continue
+                per_key = fill(client, name, algorithm, keys)
+                sample = next(iter(client.scan_iter(count=1000)), b"")
+                size = client.memory_usage(sample) or 0
+                rows.append(
+                    [
+                        algorithm,
+                        name,
+                        f"{per_key:.0f}",
+                        f"{size}",
+                        sample.decode(errors="replace")[:40],
+                    ]
+                )
+    with redis_server(False) as client:
+        limiter = Limiter(RedisStore(client=client), fail_open=False)
+        for _ in range(10_000):
+            limiter.hit("one", "10000/minute", algorithm="sliding_log")
+        key = next(iter(client.scan_iter()))
+        log_bytes = client.memory_usage(key) or 0
+    table(
+        f"(c) Redis memory per key, {keys:,} keys with one hit each (1000/minute), fresh servers",
+        ["algorithm", "library", "used_memory/key", "MEMORY USAGE", "sample key"],
+        rows,
+    )
+    print(
+        f"    sliding_log, one key with 10,000 admitted entries: MEMORY USAGE {log_bytes:,} B"
+        f" = {log_bytes / 10_000:.1f} B per entry"
+    )
+
+
+def part_d() -> None:
+    rows = []
+    with redis_server(False) as client:
+        for per_window in (10, 1_000, 10_000):
+            for algorithm in ("sliding_window", "sliding_log"):
+                client.flushall()
+                clock = ManualClock()
+                limiter = Limiter(RedisStore(client=client), clock=clock, fail_open=False)
+                rate = f"{per_window}/minute"
+                step = 60 / per_window
+                warm, n = 2 * per_window, max(per_window, 2000)
+
+                def run(_: int) -> None:
+                    clock.advance(step)  # noqa: B023 - used in this iteration only
+                    limiter.hit("k", rate, algorithm=algorithm)  # noqa: B023
+
+                for i in range(warm):
+                    run(i)
+                m = measure(client, n, run)
+                size = sum(client.memory_usage(k) or 0 for k in client.scan_iter())
+                rows.append(
+                    [
+                        f"{per_window:,}",
+                        algorithm,
+                        f"{m['cmd_us']:.1f}",
+                        f"{m['cpu_us']:.1f}",
+                        f"{size:,}",
+                    ]
+                )
+    table(
+        "(d) one key at a steady N requests per window (limit N/minute, ManualClock)",
+        ["requests/window", "algorithm", "script us/dec", "Redis CPU us/dec", "MEMORY USAGE B"],
+        rows,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10x fewer calls and keys")
+    parser.add_argument("--only", default="a,b,c,d", help="comma-separated parts to run")
+    args = parser.parse_args()
+    scale = 10 if args.quick else 1
+    parts = set(args.only.split(","))
+    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    print(
+        f"redis-server {version.stdout.split()[2]}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} (shared machine: figures are noisy)"
+    )
+    if "a" in parts:
+        part_a(20_000 // scale)
+    if "b" in parts:
+        part_b(10_000 // scale, 1000)
+    if "c" in parts:
+        part_c(100_000 // scale)
+    if "d" in parts:
+        part_d()
+
+
+if __name__ == "__main__":
+    main()
