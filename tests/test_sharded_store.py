@@ -13,10 +13,12 @@ from ratekeeper import (
     ConfigError,
     Limiter,
     ManualClock,
+    RedisClusterStore,
     Shard,
     ShardedRedisStore,
     StoreUnavailable,
 )
+from ratekeeper.stores.base import AsyncStore, Partitioned, Store
 from ratekeeper.stores.keys import redis_key
 from tests import redis_servers as rs
 
@@ -324,3 +326,20 @@ def test_async_routes_like_sync(
     end = clock() + 60
     assert out == [(True, 1, end), (True, 0, end), (False, 0, end), (False, 0, end)]
     assert (a_calls, a2_calls, b_calls) == (1, 1, 0)  # refund on the primary, peek on the replica
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param(lambda: ShardedRedisStore([Shard("redis://127.0.0.1:1/0")]), id="sharded"),
+        pytest.param(lambda: RedisClusterStore("redis://127.0.0.1:1"), id="cluster"),
+    ],
+)
+def test_sync_and_async_surfaces_match(store: object) -> None:
+    built = store()  # type: ignore[operator]
+    assert isinstance(built, Store) and isinstance(built, AsyncStore)
+    public = {name for name in dir(built) if not name.startswith("_")}
+    for sync, async_ in (("execute", "execute_async"), ("close", "aclose")):
+        assert {sync, async_} <= public
+    # only the sharded store has independent parts (one breaker per shard)
+    assert isinstance(built, Partitioned) == isinstance(built, ShardedRedisStore)
