@@ -20,11 +20,24 @@ local function decode(raw)
   if not raw then
     return nil, nil
   end
+  local n = #raw
+  if n <= 15 then -- the usual case, below 10**15 (< 2**53): split the number itself
+    local v = tonumber(raw)
+    if v then
+      local used = math.floor(v / 1e13)
+      local ends = v - used * 1e13
+      if ends < 0 then
+        used, ends = used - 1, ends + 1e13
+      elseif ends >= 1e13 then
+        used, ends = used + 1, ends - 1e13
+      end
+      return used, ends
+    end
+  end
   local sep = string.find(raw, ':', 1, true)
   if sep then
     return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
   end
-  local n = #raw
   if n <= 13 then
     return 0, tonumber(raw)
   end
@@ -48,8 +61,9 @@ end
 -- a hit in a live window whose value is a canonical integer adds delta x 10**13 with INCRBY:
 -- the value stays an integer in place and keeps the TTL set when the window opened
 local function change(i, raw, used, delta, ends)
-  if #raw > 13 and used + delta < 922336 and not string.find(raw, ':', 1, true) then
-    writes[i] = {'INCRBY', string.format('%d', delta * 1e13)}
+  local n = #raw
+  if n > 13 and used + delta < 922336 and (n <= 15 or not string.find(raw, ':', 1, true)) then
+    writes[i] = {'INCRBY', delta .. '0000000000000'}
   else
     writes[i] = {'SET', encode(used + delta, ends), 'PX', ttl(ends)}
   end
