@@ -91,6 +91,15 @@ def shard_urls(shard_servers: list[rs.RedisServer]) -> list[str]:
 
 
 @pytest.fixture
+def fresh_cluster() -> Iterator[rs.RedisCluster]:
+    """A 3-primary cluster of the test's own, for tests that kill a node."""
+    _need_redis()
+    cluster = rs.RedisCluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
 def cluster_url(redis_cluster: rs.RedisCluster) -> str:
     """The session cluster, every node emptied (data and scripts) before the test."""
     for node in redis_cluster.nodes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -136,16 +136,6 @@ def test_async_limiter_fails_open_and_recovers(fresh_redis: rs.RedisServer, kind
     assert asyncio.run(run()) == [(False, 9), *[(True, 10)] * 5, (False, 9)]
 
 
-@pytest.fixture
-def own_cluster() -> Iterator[rs.RedisCluster]:
-    """A cluster of the test's own, for killing a node."""
-    if not rs.available():
-        pytest.skip("redis-server not installed")
-    cluster = rs.RedisCluster()
-    yield cluster
-    cluster.stop()
-
-
 def wait_cluster_ok(cluster: rs.RedisCluster, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -158,19 +148,19 @@ def wait_cluster_ok(cluster: rs.RedisCluster, timeout: float = 20.0) -> None:
     raise AssertionError("cluster did not recover")
 
 
-def test_cluster_node_killed_fails_open_and_recovers(own_cluster: rs.RedisCluster) -> None:
+def test_cluster_node_killed_fails_open_and_recovers(fresh_cluster: rs.RedisCluster) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisClusterStore(own_cluster.url, socket_timeout=TIMEOUT), clock=clock)
+    limiter = Limiter(RedisClusterStore(fresh_cluster.url, socket_timeout=TIMEOUT), clock=clock)
     keys = [f"user:{i}" for i in range(9)]  # on all three nodes
     assert all(not limiter.hit(k, "10/minute").degraded for k in keys)
-    victim = own_cluster.nodes[1]
+    victim = fresh_cluster.nodes[1]
     victim.kill()
     decisions = [limiter.hit(k, "10/minute") for k in keys]
     assert all(d.allowed for d in decisions)
     assert any(d.degraded for d in decisions)
     assert limiter.stats()["store_errors"] >= 1
     victim.start()  # same port and nodes.conf: it rejoins with its slots (data lost)
-    wait_cluster_ok(own_cluster)
+    wait_cluster_ok(fresh_cluster)
     clock.advance(31)  # past any cool-down
     after = [limiter.hit(k, "10/minute") for k in keys]
     assert not any(d.degraded for d in after)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -48,16 +47,11 @@ def keys_by_shard(store: ShardedRedisStore, n: int = 200) -> dict[str, list[str]
 
 
 @pytest.fixture
-def replicated() -> Iterator[tuple[rs.RedisServer, rs.RedisServer, rs.RedisServer]]:
+def replicated(
+    primary_replica: tuple[rs.RedisServer, rs.RedisServer], fresh_redis: rs.RedisServer
+) -> tuple[rs.RedisServer, rs.RedisServer, rs.RedisServer]:
     """Shard A: a primary with one replica; shard B: a primary alone."""
-    if not rs.available():
-        pytest.skip("redis-server not installed")
-    a = rs.RedisServer()
-    a2 = rs.start_replica(a)
-    b = rs.RedisServer()
-    yield a, a2, b
-    for server in (a2, a, b):
-        server.stop()
+    return (*primary_replica, fresh_redis)
 
 
 # -- configuration -------------------------------------------------------------------------
