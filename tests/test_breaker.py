@@ -62,7 +62,13 @@ def test_failures_in_flight_when_it_opened_do_not_lengthen_the_cool_down() -> No
 
 @pytest.mark.parametrize(
     ("threshold", "cooldown", "max_cooldown", "bad"),
-    [(0, 0.5, 30.0, "threshold=0"), (3, 0.0, 30.0, "cooldown=0.0"), (3, 5.0, 1.0, "5.0")],
+    [
+        (0, 0.5, 30.0, "threshold=0"),
+        (3, 0.0, 30.0, "cooldown=0.0"),
+        (3, 5.0, 1.0, "5.0"),
+        (3, "1s", 30.0, "cooldown='1s'"),
+        (2.5, 0.5, 30.0, "threshold=2.5"),
+    ],
 )
 def test_bad_settings_are_refused(
     threshold: int, cooldown: float, max_cooldown: float, bad: str

@@ -39,10 +39,12 @@ class Breaker:
     )
 
     def __init__(self, threshold: int, cooldown: float, max_cooldown: float) -> None:
+        numbers = (cooldown, max_cooldown)
         if (
             isinstance(threshold, bool)
             or not isinstance(threshold, int)
             or threshold < 1
+            or not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers)
             or not 0 < cooldown <= max_cooldown
         ):
             raise ConfigError(
