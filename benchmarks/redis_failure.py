@@ -2,7 +2,8 @@
 
 Run: ``python -m benchmarks.redis_failure [--calls N]`` (starts its own redis-server on
 127.0.0.1, needs redis-server on PATH). Prints the median and worst wall time of ``Limiter.hit``
-on a ``RedisStore`` and a ``ShardedRedisStore`` in each phase. Figures on a shared 2-vCPU
+on a ``RedisStore``, a ``ShardedRedisStore`` and a ``RedisClusterStore`` (breaking the node
+that owns the key) in each phase. Figures on a shared 2-vCPU
 machine are noisy; the point is the order of magnitude: a killed Redis costs a refused
 connect, a stopped one ``socket_timeout``, and with the breaker open no call reaches the socket.
 """
@@ -15,7 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ratekeeper import Limiter, ManualClock, RedisStore, Shard, ShardedRedisStore
+from ratekeeper import (
+    Limiter,
+    ManualClock,
+    RedisClusterStore,
+    RedisStore,
+    Shard,
+    ShardedRedisStore,
+)
+from ratekeeper.stores.keys import redis_key
 from tests import redis_servers as rs
 
 
@@ -53,6 +62,37 @@ def phases(make: Callable[[str], Any], calls: int) -> list[tuple[str, float, flo
     return out
 
 
+def owner(cluster: rs.RedisCluster, key: str) -> rs.RedisServer:
+    """The node serving ``key``'s slot."""
+    client = cluster.nodes[0].client()
+    slot = client.cluster("keyslot", key)
+    for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return next(n for n in cluster.nodes if n.port == int(primary[1]))
+    raise RuntimeError(f"slot {slot} is not served")
+
+
+def cluster_phases(calls: int) -> list[tuple[str, float, float, int]]:
+    """The same phases on a 3-primary cluster, breaking the node that owns the benchmark key."""
+    cluster = rs.RedisCluster()
+    try:
+        clock = ManualClock()
+        limiter = Limiter(RedisClusterStore(cluster.url), clock=clock, breaker_threshold=calls + 1)
+        out = [("healthy", *timed(limiter, calls))]
+        victim = owner(cluster, redis_key("rk", "bench", "f:1000000/1m"))
+        victim.pause()
+        out.append(("SIGSTOP, breaker closed", *timed(limiter, min(calls, 20))))
+        open_limiter = Limiter(RedisClusterStore(cluster.url), clock=clock)
+        timed(open_limiter, 3)
+        out.append(("SIGSTOP, breaker open", *timed(open_limiter, calls)))
+        victim.resume()
+        victim.kill()
+        out.append(("killed, breaker closed", *timed(limiter, min(calls, 50))))
+        return out
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=200)
@@ -62,9 +102,10 @@ def main() -> None:
         "ShardedRedisStore": lambda url: ShardedRedisStore([Shard(url)]),
     }
     print(f"{'store':<18} {'phase':<26} {'median µs':>10} {'worst µs':>10} {'degraded':>9}")
-    for name, make in stores.items():
-        for phase, median, worst, degraded in phases(make, args.calls):
-            print(f"{name:<18} {phase:<26} {median:>10.1f} {worst:>10.1f} {degraded:>9}")
+    results = [(name, row) for name, make in stores.items() for row in phases(make, args.calls)]
+    results += [("RedisClusterStore", row) for row in cluster_phases(args.calls)]
+    for name, (phase, median, worst, degraded) in results:
+        print(f"{name:<18} {phase:<26} {median:>10.1f} {worst:>10.1f} {degraded:>9}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
 - Connections get ``socket_timeout`` and ``socket_connect_timeout``, and the cluster client no
   retries (its retry count would also retry timeouts: a stalled node would cost twice the
   timeout, and a timed-out hit could run twice), so a stalled node costs one ``socket_timeout``
-  per call (measured: 55 ms at the 50 ms default; a killed node about 9 ms, a topology refresh)
+  per call (measured: 55 ms at the 50 ms default; a killed node a few ms: a topology refresh)
   before the limiter's fail-open and circuit breaker take over. A dropped connection fails that
   one call (fail-open); the next call reconnects. Redirects (``MOVED``/``ASK``) are not retries
   and are always followed. The cluster is one failure domain (with
