@@ -224,3 +224,21 @@ def test_unreachable_cluster_fails_open_or_raises() -> None:
 def test_bad_settings_name_the_value(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         RedisClusterStore(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_rejected_hit_is_one_script_call(
+    cluster_url: str, redis_cluster: rs.RedisCluster
+) -> None:
+    clock = ManualClock()
+    limiter = Limiter(RedisClusterStore(cluster_url, socket_timeout=TIMEOUT), clock=clock)
+    first = limiter.hit("full", "2/minute; 10/hour")
+    limiter.hit("full", "2/minute; 10/hour")
+    clock.advance(20)
+    for node in redis_cluster.nodes:
+        node.client().config_resetstat()
+    rejected = limiter.hit("full", "2/minute; 10/hour")
+    calls = sum(command_calls(n, name) for n in redis_cluster.nodes for name in ("evalsha", "eval"))
+    assert calls == 1
+    assert not rejected.allowed and not rejected.degraded
+    assert (rejected.remaining, rejected.reset_at) == (0, first.reset_at)
+    assert rejected.retry_after == pytest.approx(40.0)
