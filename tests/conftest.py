@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import settings
 
 from tests import redis_servers as rs
@@ -74,21 +76,131 @@ def redis_cluster() -> Iterator[rs.RedisCluster]:
     cluster.stop()
 
 
-STORES = ("memory",)
+@pytest.fixture(scope="session")
+def shard_servers() -> Iterator[list[rs.RedisServer]]:
+    """Two standalone primaries for the session; tests should use ``shard_urls`` (flushed)."""
+    _need_redis()
+    servers = [rs.RedisServer(), rs.RedisServer()]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def shard_urls(shard_servers: list[rs.RedisServer]) -> list[str]:
+    """The session's two shard primaries, emptied (data and scripts) before the test."""
+    for server in shard_servers:
+        client = server.client()
+        client.flushall()
+        client.script_flush()
+        client.close()
+    return [server.url for server in shard_servers]
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[rs.RedisCluster]:
+    """A 3-primary cluster of the test's own, for tests that kill a node."""
+    _need_redis()
+    cluster = rs.RedisCluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: rs.RedisCluster) -> str:
+    """The session cluster, every node emptied (data and scripts) before the test."""
+    for node in redis_cluster.nodes:
+        client = node.client()
+        client.flushall()
+        client.script_flush()
+        client.close()
+    return redis_cluster.url
+
+
+REDIS_STORES = ("redis", "sharded", "cluster")
+STORES = ("memory", *REDIS_STORES)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One kind of store: ``make()`` builds a store on it, ``flush()`` empties it.
+
+    Stores made by one backend share their state (the memory store is one object), as the
+    stores of several app servers would. Their socket timeout is 5 s: tests on a shared
+    machine check decisions here, not latency (the failure tests set their own).
+    """
+
+    kind: str
+    make: Callable[[], Any]
+    flush: Callable[[], None]
+
+    @property
+    def store(self) -> Any:
+        """One store on this backend, made on first use and shared by the test."""
+        if not self._made:
+            self._made.append(self.make())
+        return self._made[0]
+
+    _made: list[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+def _backend(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
+    from ratekeeper import MemoryStore, RedisClusterStore, RedisStore, Shard, ShardedRedisStore
+
+    made: list[Any] = []
+
+    def keep(store: Any) -> Any:
+        made.append(store)
+        return store
+
+    if kind == "memory":
+        memory = MemoryStore()
+        yield Backend(kind, lambda: memory, lambda: memory.sweep(1e12) and None)
+        return
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        urls = [url]
+        make: Callable[[], Any] = lambda: keep(RedisStore(url, socket_timeout=5))  # noqa: E731
+    elif kind == "sharded":
+        urls = request.getfixturevalue("shard_urls")
+        make = lambda: keep(ShardedRedisStore([Shard(u) for u in urls], socket_timeout=5))  # noqa: E731
+    else:
+        url = request.getfixturevalue("cluster_url")
+        urls = [n.url for n in request.getfixturevalue("redis_cluster").nodes]
+        make = lambda: keep(RedisClusterStore(url, socket_timeout=5))  # noqa: E731
+    clients = [redis.Redis.from_url(u) for u in urls]
+
+    def flush() -> None:
+        for client in clients:
+            client.flushall()
+
+    yield Backend(kind, make, flush)
+    for store in made:
+        store.close()
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(params=STORES)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Every store: memory, Redis, sharded Redis, Redis Cluster (Redis ones flushed first)."""
+    yield from _backend(request, request.param)
+
+
+@pytest.fixture(params=REDIS_STORES)
+def redis_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Every Redis-backed store (flushed first)."""
+    yield from _backend(request, request.param)
 
 
 @pytest.fixture(params=STORES)
 def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
     """Every store, one per parameter: ``make_store()`` returns a store on the same backend.
 
-    Only the memory store on this branch; the Redis stores' branch defines the same fixture
-    over every store, and the tests that take it then run on each.
+    Stores from one ``make_store`` share state, like the stores of several app servers.
     """
-    from ratekeeper import MemoryStore
-
-    memory = MemoryStore()
-
-    def make() -> Any:
-        return memory
-
-    yield make
+    backends = _backend(request, request.param)
+    backend = next(backends)
+    yield backend.make
+    for _ in backends:
+        pass

@@ -53,11 +53,18 @@ class RedisServer:
     """One redis-server process on 127.0.0.1:port."""
 
     def __init__(self, port: int | None = None, *extra: str) -> None:
-        self.port = port or free_port()
         self.extra = list(extra)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"rk-redis-{self.port}-"))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        for attempt in range(3):  # a free port can be taken by another process before we bind
+            self.port = port or free_port()
+            self.dir = Path(tempfile.mkdtemp(prefix=f"rk-redis-{self.port}-"))
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                self.stop()
+                if port is not None or attempt == 2:
+                    raise
 
     @property
     def url(self) -> str:
@@ -76,7 +83,8 @@ class RedisServer:
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-            "--protected-mode", "no", "--loglevel", "warning", *self.extra,
+            "--protected-mode", "no", "--loglevel", "warning",
+            "--repl-diskless-sync-delay", "0", *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_ready()
@@ -148,11 +156,19 @@ class RedisCluster:
     """Three primaries (no replicas) joined with ``redis-cli --cluster create``."""
 
     def __init__(self, size: int = 3) -> None:
-        self.nodes = [
-            RedisServer(None, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
-                        "--cluster-config-file", "nodes.conf")
-            for _ in range(size)
-        ]  # fmt: skip
+        self.nodes: list[RedisServer] = []
+        try:
+            self._create(size)
+        except BaseException:
+            self.stop()  # never leave nodes running when the cluster could not be built
+            raise
+
+    def _create(self, size: int) -> None:
+        for _ in range(size):
+            self.nodes.append(
+                RedisServer(None, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                            "--cluster-config-file", "nodes.conf")
+            )  # fmt: skip
         assert REDIS_CLI is not None
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
@@ -164,7 +180,6 @@ class RedisCluster:
             if all(n.client().cluster("info").get("cluster_state") == "ok" for n in self.nodes):
                 return
             time.sleep(0.1)
-        self.stop()
         raise RuntimeError("cluster did not reach state ok")
 
     @property

@@ -23,7 +23,10 @@ EXPECTED = {
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisClusterStore",
     "RedisStore",
+    "Shard",
+    "ShardedRedisStore",
     "StoreUnavailable",
     "__version__",
 }

@@ -1,9 +1,10 @@
-"""The Lua twins decide exactly like the pure Python steps (the memory store).
+"""The Lua twins decide exactly like the pure Python steps (the memory store), on every store.
 
-A hypothesis property drives a ``MemoryStore`` limiter and a ``RedisStore`` limiter (real
-redis-server) with the same random sequence of (clock advance, key, cost, operation) for a
-random algorithm, options and single or stacked rates, sharing one ``ManualClock``, and
-requires identical decisions: allowed, remaining, reset_at, retry_after, deciding rate.
+A hypothesis property drives a ``MemoryStore`` limiter and a limiter on each Redis store
+(``RedisStore``, ``ShardedRedisStore`` over two primaries, ``RedisClusterStore``; real
+servers) with the same random sequence of (clock advance, key, cost, operation) for a random
+algorithm, options and single or stacked rates, sharing one ``ManualClock``, and requires
+identical decisions: allowed, remaining, reset_at, retry_after, deciding rate.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratekeeper import Limiter, ManualClock, MemoryStore, RedisStore
+from tests.conftest import Backend
 
 RATES = ["1/second", "3/second", "5/10s", "7/minute", "10/minute", "100/hour", "2/day"]
 STACKS = [*RATES, "3/second; 10/minute", "5/10s; 7/minute; 100/hour", "1/second; 2/day"]
@@ -67,11 +69,6 @@ def scenarios(draw: st.DrawFn, algorithm: str) -> tuple[str, dict[str, int], flo
     )
 
 
-@pytest.fixture
-def redis_store(redis_url: str) -> RedisStore:
-    return RedisStore(redis_url, socket_timeout=5)
-
-
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @settings(
     max_examples=80,
@@ -80,14 +77,13 @@ def redis_store(redis_url: str) -> RedisStore:
 )
 @given(data=st.data())
 def test_redis_decides_exactly_like_memory(
-    redis_store: RedisStore, algorithm: str, data: st.DataObject
+    redis_backend: Backend, algorithm: str, data: st.DataObject
 ) -> None:
     rate, options, start, sequence = data.draw(scenarios(algorithm))
-    assert redis_store.client is not None
-    redis_store.client.flushall()
+    redis_backend.flush()
     clock = ManualClock(start)
     memory = Limiter(MemoryStore(), clock=clock, fail_open=False)
-    remote = Limiter(redis_store, clock=clock, fail_open=False)
+    remote = Limiter(redis_backend.store, clock=clock, fail_open=False)
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         if step.op in ("refund", "reset"):

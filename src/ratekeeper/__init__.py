@@ -22,8 +22,11 @@ from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
 from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings
 from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
+from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
+from .stores.sharded import Shard as Shard
+from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
 __all__ = [
     "AsyncConcurrencyLimiter",
@@ -41,7 +44,10 @@ __all__ = [
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisClusterStore",
     "RedisStore",
+    "Shard",
+    "ShardedRedisStore",
     "ShedderSettings",
     "StoreUnavailable",
     "WorkerUtilizationShedder",

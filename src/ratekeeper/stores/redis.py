@@ -18,7 +18,7 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -32,6 +32,8 @@ from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
+
+_R = TypeVar("_R", Retry, AsyncRetry)
 
 
 def _check_timeout(socket_timeout: object) -> float:
@@ -53,6 +55,13 @@ def client_options(socket_timeout: float) -> dict[str, Any]:
         "socket_connect_timeout": socket_timeout,
         "retry_on_timeout": False,
     }
+
+
+def _retry(kind: type[_R]) -> _R:
+    """One immediate retry of a dropped connection (e.g. pooled before a restart), never of a
+    timeout: a timed-out script may have run, and waiting twice doubles the cost of a stalled
+    Redis."""
+    return kind(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 
 
 class RedisStore:
@@ -77,10 +86,10 @@ class RedisStore:
         options = client_options(timeout)
         try:
             if client is None and url is not None:
-                client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
+                client = redis.Redis.from_url(url, retry=_retry(Retry), **options)
             if async_client is None and url is not None:
                 async_client = redis.asyncio.Redis.from_url(
-                    url, retry=AsyncRetry(NoBackoff(), 1), **options
+                    url, retry=_retry(AsyncRetry), **options
                 )
         except ValueError as exc:
             raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
