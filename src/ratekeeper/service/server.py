@@ -1,0 +1,173 @@
+"""Running the service: build the store, limiter and engine from a config, serve HTTP (uvicorn)
+and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/admin/reload``.
+
+A reload reads the config files again; if they are invalid the running config stays, the
+error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
+keeps the store (its counters) but not a change of store: that needs a restart, and a reload
+that asks for one is refused as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import uvicorn
+
+from ..clock import Clock
+from ..errors import ConfigError
+from ..limiter import AsyncLimiter
+from ..stores.base import AsyncStore
+from ..stores.memory import MemoryStore
+from . import config as config_mod
+from .engine import Engine
+from .grpc_rls import handler
+from .http import HttpApi
+from .metrics import InstrumentedStore, Metrics
+
+log = logging.getLogger("ratekeeper.service")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Where to listen and what to read."""
+
+    config_files: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    grpc_port: int | None = 8081
+    """None: no gRPC listener."""
+
+
+def build_store(settings: config_mod.StoreSettings) -> AsyncStore:
+    """The store a config asks for (Redis stores arrive with their branches)."""
+    if settings.kind == "memory":
+        return MemoryStore(max_keys=settings.max_keys)
+    raise ConfigError(f"store {settings.kind!r} is not available")
+
+
+class Service:
+    """One running service: config, engine and the reload logic."""
+
+    def __init__(self, options: ServeOptions, clock: Clock = time.time) -> None:
+        self.options = options
+        self.config = config_mod.load(options.config_files)
+        self.metrics = Metrics()
+        self.metrics.policies.set(len(self.config.policies))
+        self.store = build_store(self.config.store)
+        limiter = AsyncLimiter(InstrumentedStore(self.store, self.metrics), clock=clock)
+        self.engine = Engine(self.config, limiter, self.metrics, clock)
+        self.api = HttpApi(self.engine, self.reload, self.health)
+        self._reload_lock = asyncio.Lock()
+
+    async def reload(self) -> str | None:
+        """Re-read the config files; on error keep the running config and return why."""
+        async with self._reload_lock:
+            try:
+                new = config_mod.load(self.options.config_files)
+                if new.store != self.config.store:
+                    raise ConfigError("the store changed; a new store needs a restart")
+            except ConfigError as exc:
+                self.metrics.reloads.labels("error").inc()
+                log.error("config reload failed, keeping the running config: %s", exc)
+                return str(exc)
+            self.config = new
+            self.engine.swap(new)
+            self.metrics.reloads.labels("ok").inc()
+            self.metrics.policies.set(len(new.policies))
+            log.warning("config reloaded from %s", ", ".join(new.files))
+            return None
+
+    async def health(self) -> dict[str, Any]:
+        """Store reachability and the limiter's failure counters."""
+        stats = self.engine.limiter.stats()
+        store_ok = stats["breaker"] == "closed"
+        return {
+            "store": "ok" if store_ok else "unavailable",
+            "store_kind": self.config.store.kind,
+            "degraded_decisions": stats["degraded"],
+            "store_errors": stats["store_errors"],
+            "breaker": stats["breaker"],
+            "policies": len(self.config.policies),
+        }
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Serve until SIGINT/SIGTERM."""
+        opts = self.options
+        loop = asyncio.get_running_loop()
+        grpc_server = None
+        grpc_port = None
+        if opts.grpc_port is not None:
+            grpc_server = grpc.aio.server()
+            grpc_server.add_generic_rpc_handlers((handler(self.engine),))
+            grpc_port = grpc_server.add_insecure_port(f"{_host(opts.host)}:{opts.grpc_port}")
+            await grpc_server.start()
+        uv_config = uvicorn.Config(
+            self.api,
+            host=opts.host,
+            port=opts.port,
+            loop="none",
+            http="httptools" if _has("httptools") else "h11",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+        )
+        server = uvicorn.Server(uv_config)
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            http_port = server.servers[0].sockets[0].getsockname()[1]
+            where = f"ratekeeper serving HTTP on http://{opts.host}:{http_port}"
+            if grpc_port is not None:
+                where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
+            print(where, f"[store: {self.config.store.kind}]", flush=True)
+            print("config: " + ", ".join(self.config.files), flush=True)
+            if ready is not None:
+                ready.set()
+        try:
+            await task
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=1.0)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def serve(options: ServeOptions) -> int:
+    """Build and run the service; return the process exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        service_holder: list[Service] = []
+
+        async def main() -> None:
+            service = Service(options)
+            service_holder.append(service)
+            await service.run()
+
+        asyncio.run(main())
+    except ConfigError as exc:
+        print(f"ratekeeper serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
