@@ -122,10 +122,10 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
     out.line = node.start_mark.line + 1
     out.lines = {}
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
-        if not isinstance(key, str):
-            raise _Problem(line, f"key {key!r} is not a string")
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise _Problem(line, "a key must be a plain name, not a list or mapping")
+        key = str(key_node.value)  # keys are names: 'off' or '404' stay strings
         if key in out:
             raise _Problem(line, f"key {key!r} appears twice (first on line {out.lines[key]})")
         out[key] = loader.construct_object(value_node, deep=True)
