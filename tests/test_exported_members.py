@@ -16,6 +16,10 @@ EXPECTED = {
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisClusterStore",
+    "RedisStore",
+    "Shard",
+    "ShardedRedisStore",
     "StoreUnavailable",
     "__version__",
 }

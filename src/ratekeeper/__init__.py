@@ -15,7 +15,11 @@ from .errors import StoreUnavailable as StoreUnavailable
 from .limiter import AsyncLimiter as AsyncLimiter
 from .limiter import Limiter as Limiter
 from .rates import Rate as Rate
+from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.memory import MemoryStore as MemoryStore
+from .stores.redis import RedisStore as RedisStore
+from .stores.sharded import Shard as Shard
+from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
 __all__ = [
     "AsyncLimiter",
@@ -28,6 +32,10 @@ __all__ = [
     "Rate",
     "RateSpecError",
     "RatekeeperError",
+    "RedisClusterStore",
+    "RedisStore",
+    "Shard",
+    "ShardedRedisStore",
     "StoreUnavailable",
     "__version__",
 ]

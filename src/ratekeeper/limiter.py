@@ -7,8 +7,9 @@ appears: ``store.execute(plan)`` versus ``await store.execute_async(plan)``.
 Failure policy: a store error or timeout gives an allowed ``Decision`` with ``degraded=True``
 (``fail_open=True``, the default) or raises ``StoreUnavailable``. After ``breaker_threshold``
 failures in a row the breaker opens and the store is not called for a cool-down that starts at
-``breaker_cooldown`` seconds and doubles on each failed retry up to ``breaker_max_cooldown``;
-the first call after the cool-down is a trial, and its success closes the breaker.
+``breaker_cooldown`` seconds and doubles on each failed trial up to ``breaker_max_cooldown``;
+the first call after the cool-down is the one trial, and its success closes the breaker (see
+``breaker``). A ``Partitioned`` store (sharded Redis) gets one breaker per partition.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .algorithms import Outcome
+from .breaker import Breaker
 from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
 from .plan import Op, Plan, Policy, check_cost, check_key, decide, degraded, make_policy
 from .rates import Rate
-from .stores.base import AsyncStore, Store
+from .stores.base import AsyncStore, Partitioned, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -45,26 +47,18 @@ class _Core:
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
-        if (
-            breaker_threshold < 1
-            or breaker_cooldown <= 0
-            or breaker_max_cooldown < breaker_cooldown
-        ):
-            raise ConfigError(
-                "breaker settings are invalid; expected threshold >= 1 and "
-                "0 < cooldown <= max_cooldown"
-            )
+        self._breaker_settings = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
+        self._breakers: dict[int, Breaker] = {0: Breaker(*self._breaker_settings)}  # validates
+        self.partition: Callable[[Plan], int] | None = None
         self.clock = clock
         self.fail_open = fail_open
         self._policies: dict[tuple[Any, ...], Policy] = {}
-        self._threshold = breaker_threshold
-        self._base_cooldown = breaker_cooldown
-        self._max_cooldown = breaker_max_cooldown
-        self._cooldown = breaker_cooldown
-        self._failures = 0
-        self._open_until = 0.0
         self._last_log = -1e18
         self.counts = {"degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0}
+
+    def watch(self, store: object) -> None:
+        """Keep one breaker per partition if ``store`` declares partitions."""
+        self.partition = store.partition if isinstance(store, Partitioned) else None
 
     def plan(
         self,
@@ -95,30 +89,25 @@ class _Core:
                 op, cost = "peek", 1
         return Plan(op, policy, key, int(self.clock() * 1000), cost)
 
-    def skip_store(self, plan: Plan) -> bool:
-        """True while the breaker is open (the call should not reach the store)."""
-        if self._open_until and plan.now_ms / 1000 < self._open_until:
-            self.counts["breaker_skips"] += 1
-            return True
-        return False
+    def breaker(self, plan: Plan) -> Breaker | None:
+        """The breaker guarding ``plan``'s partition, or None if it is open (skip the store)."""
+        part = 0 if self.partition is None else self.partition(plan)
+        breaker = self._breakers.get(part)
+        if breaker is None:
+            breaker = self._breakers.setdefault(part, Breaker(*self._breaker_settings))
+        if breaker.allow(plan.now_ms / 1000):
+            return breaker
+        self.counts["breaker_skips"] += 1
+        return None
 
-    def succeeded(self) -> None:
-        """Record a store success: close the breaker."""
-        if self._failures:
-            self._failures = 0
-            self._open_until = 0.0
-            self._cooldown = self._base_cooldown
-
-    def failed(self, plan: Plan, exc: BaseException | None) -> Decision | None:
+    def failed(
+        self, plan: Plan, exc: BaseException | None, breaker: Breaker | None
+    ) -> Decision | None:
         """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy."""
         if exc is not None:
             self.counts["store_errors"] += 1
-            self._failures += 1
             now = plan.now_ms / 1000
-            if self._failures >= self._threshold:
-                if self._open_until:
-                    self._cooldown = min(self._cooldown * 2, self._max_cooldown)
-                self._open_until = now + self._cooldown
+            if breaker is not None and breaker.failed(now):
                 self.counts["breaker_opened"] += 1
             if now - self._last_log >= 10.0:
                 self._last_log = now
@@ -137,9 +126,19 @@ class _Core:
         return degraded(plan)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of failures and degraded decisions, and the breaker's state."""
-        state = "closed" if not self._failures else ("open" if self._open_until else "failing")
-        return {**self.counts, "breaker": state, "consecutive_failures": self._failures}
+        """Counters of failures and degraded decisions, and the breakers' state.
+
+        ``breaker`` is the worst state over all partitions, ``breakers_open`` how many are open.
+        """
+        breakers = list(self._breakers.values())
+        states = {b.state for b in breakers}
+        state = "open" if "open" in states else "failing" if "failing" in states else "closed"
+        return {
+            **self.counts,
+            "breaker": state,
+            "breakers_open": sum(b.state == "open" for b in breakers),
+            "consecutive_failures": max(b.failures for b in breakers),
+        }
 
 
 class _Base:
@@ -165,7 +164,8 @@ class _Base:
         return self._core.clock
 
     def stats(self) -> dict[str, Any]:
-        """Failure counters: ``degraded``, ``store_errors``, ``breaker_opened``, ``breaker``."""
+        """Failure counters: ``degraded``, ``store_errors``, ``breaker_opened``, ``breaker_skips``,
+        ``breaker`` (worst state), ``breakers_open`` and ``consecutive_failures``."""
         return self._core.stats()
 
 
@@ -184,16 +184,18 @@ class Limiter(_Base):
         if not isinstance(store, Store):
             raise ConfigError(f"store {store!r} cannot be used by Limiter; it has no execute()")
         self.store = store
+        self._core.watch(store)
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
-            return core.failed(plan, None)
+        breaker = core.breaker(plan)
+        if breaker is None:
+            return core.failed(plan, None, None)
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
-            return core.failed(plan, exc)
-        core.succeeded()
+            return core.failed(plan, exc, breaker)
+        breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     def hit(
@@ -269,16 +271,18 @@ class AsyncLimiter(_Base):
                 f"store {store!r} cannot be used by AsyncLimiter; it has no execute_async()"
             )
         self.store = store
+        self._core.watch(store)
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core
-        if core.skip_store(plan):
-            return core.failed(plan, None)
+        breaker = core.breaker(plan)
+        if breaker is None:
+            return core.failed(plan, None, None)
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
-            return core.failed(plan, exc)
-        core.succeeded()
+            return core.failed(plan, exc, breaker)
+        breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
 
     async def hit(

@@ -2,6 +2,9 @@
 
 A store knows nothing of rates or algorithms beyond "run this plan". ``Store`` is the sync
 capability, ``AsyncStore`` the async one; a limiter checks the one it needs once, when built.
+``Partitioned`` is optional: a store whose parts fail independently (the shards of
+``ShardedRedisStore``) names each plan's part, and the limiter keeps one circuit breaker per
+part, so a dead shard degrades only its own keys.
 Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
 """
 
@@ -28,4 +31,13 @@ class AsyncStore(Protocol):
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan; ``refund``/``reset`` return an empty tuple."""
+        ...
+
+
+@runtime_checkable
+class Partitioned(Protocol):
+    """A store made of parts that fail independently (checked once, when a limiter is built)."""
+
+    def partition(self, plan: Plan) -> int:
+        """The part (e.g. shard index) that runs ``plan``; stable for a given caller key."""
         ...

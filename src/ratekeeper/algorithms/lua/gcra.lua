@@ -1,0 +1,81 @@
+-- gcra: the Lua twin of algorithms/gcra.py (same integer arithmetic).
+--
+-- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+--          then per rate i: count, period_ms, burst (how many may pass at one instant).
+-- Value    tat_us, the theoretical arrival time in epoch microseconds, as a decimal integer
+--          (Redis stores it as an integer). T = ceil(period_ms * 1000 / count) us per unit.
+-- Expiry   the state means nothing once now passes tat; every write sets a relative PEXPIRE of
+--          ceil(tat_us / 1000) - now_ms + 1000.
+-- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
+--          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+-- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
+--          idiv corrects the rounding of a / b so floor division is exact too.
+
+local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now_us = now * 1000
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  return -idiv(-a, b)
+end
+
+local reply, writes, all_allowed = {}, {}, true
+for i = 1, #KEYS do
+  local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+    tonumber(ARGV[3 * i + 3])
+  local t = ceil_div(period * 1000, count)
+  local stored = tonumber(redis.call('GET', KEYS[i]))
+  if op == 'refund' then
+    if stored then
+      writes[i] = math.max(now_us, stored - cost * t)
+    end
+  else
+    local tau = burst * t
+    local tat = now_us
+    if stored and stored >= now_us then
+      tat = stored
+    end
+    local new_tat = tat + cost * t
+    local allowed = cost <= burst and new_tat - now_us <= tau
+    if allowed and op == 'hit' then
+      tat = new_tat
+      writes[i] = tat
+    end
+    local retry = 0
+    if not allowed then
+      all_allowed = false
+      if cost > burst then
+        retry = -1
+      else
+        retry = ceil_div(new_tat - tau - now_us, 1000)
+      end
+    end
+    local n = #reply
+    reply[n + 1] = allowed and 1 or 0
+    reply[n + 2] = math.max(0, idiv(now_us + tau - tat, t))
+    reply[n + 3] = ceil_div(tat, 1000)
+    reply[n + 4] = retry
+  end
+end
+
+if op == 'refund' or (op == 'hit' and all_allowed) then
+  for i = 1, #KEYS do
+    local tat = writes[i]
+    if tat then
+      redis.call('SET', KEYS[i], string.format('%d', tat), 'PX',
+        string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000)))
+    end
+  end
+end
+return reply

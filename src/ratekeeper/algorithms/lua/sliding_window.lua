@@ -1,0 +1,165 @@
+-- sliding_window: the Lua twin of algorithms/sliding_window.py (same integer arithmetic).
+--
+-- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+--          then per rate i: count, period_ms, buckets (sub-intervals per period).
+-- State    (index of the newest bucket, counts newest first), index = floor(t * buckets /
+--          period_ms) on the epoch-aligned grid; trailing zero counts are left out.
+-- Value    "<index>:<count0>:<count1>..." in decimal, e.g. "28333334:7:12".
+-- Expiry   the newest bucket leaves the estimate at ceil((index + buckets + 1) * period_ms /
+--          buckets); every write sets a relative PEXPIRE of that - now_ms + 1000.
+-- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
+--          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+-- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
+--          idiv corrects the rounding of a / b so floor division is exact too.
+-- counts[j + 1] here is counts[j] in the Python twin.
+
+local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  return -idiv(-a, b)
+end
+
+-- shift the stored counts to the bucket holding now: cur, elapsed part x period, counts
+local function align(raw, n, p)
+  local cur = idiv(now * n, p)
+  local counts = {}
+  for j = 1, n + 1 do
+    counts[j] = 0
+  end
+  local elapsed = now * n - cur * p
+  if raw then
+    local idx, shift, j = nil, 0, 0
+    for field in string.gmatch(raw, '[^:]+') do
+      if not idx then
+        idx = tonumber(field)
+        if cur < idx then
+          cur, elapsed = idx, 0
+        else
+          shift = cur - idx
+        end
+      else
+        if j + shift <= n then
+          counts[j + shift + 1] = tonumber(field)
+        end
+        j = j + 1
+      end
+    end
+  end
+  return cur, elapsed, counts
+end
+
+local function encode(cur, counts)
+  local last = #counts
+  while last > 1 and counts[last] == 0 do
+    last = last - 1
+  end
+  local parts = {string.format('%d', cur)}
+  for j = 1, last do
+    parts[j + 1] = string.format('%d', counts[j])
+  end
+  return table.concat(parts, ':')
+end
+
+local function sum(counts, first, last)
+  local s = 0
+  for j = first, last do
+    s = s + counts[j]
+  end
+  return s
+end
+
+local function reset_ms(counts, cur, n, p)
+  for j = 1, n + 1 do
+    if counts[j] ~= 0 then
+      return math.max(now, ceil_div((cur - (j - 1) + n + 1) * p, n))
+    end
+  end
+  return now
+end
+
+-- the first whole ms at which cost more would fit, if nothing else arrives
+local function admit_at(counts, cur, n, p, count)
+  for k = 0, n do
+    local full = sum(counts, 1, n - k)
+    local oldest = counts[n - k + 1]
+    local room = (count - full - cost) * p
+    if room >= 0 then
+      local need = 0
+      if oldest ~= 0 then
+        need = p - idiv(room, oldest)
+      end
+      return math.max(now, ceil_div((cur + k) * p + math.max(0, need), n))
+    end
+  end
+  return now
+end
+
+local reply, writes, all_allowed = {}, {}, true
+for i = 1, #KEYS do
+  local count, p, n = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+    tonumber(ARGV[3 * i + 3])
+  local raw = redis.call('GET', KEYS[i])
+  if op == 'refund' then
+    if raw then
+      local cur, _, counts = align(raw, n, p)
+      local left = cost
+      for j = 1, n + 1 do
+        local give = math.min(left, counts[j])
+        counts[j] = counts[j] - give
+        left = left - give
+        if left == 0 then
+          break
+        end
+      end
+      writes[i] = {cur, counts}
+    end
+  else
+    local cur, elapsed, counts = align(raw, n, p)
+    local used = sum(counts, 1, n) * p + counts[n + 1] * (p - elapsed)
+    local allowed = used + cost * p <= count * p
+    if allowed and op == 'hit' then
+      counts[1] = counts[1] + cost
+      used = used + cost * p
+      writes[i] = {cur, counts}
+    end
+    local retry = 0
+    if not allowed then
+      all_allowed = false
+      if cost > count then
+        retry = -1
+      else
+        retry = admit_at(counts, cur, n, p, count) - now
+      end
+    end
+    local m = #reply
+    reply[m + 1] = allowed and 1 or 0
+    reply[m + 2] = math.max(0, idiv(count * p - used, p))
+    reply[m + 3] = reset_ms(counts, cur, n, p)
+    reply[m + 4] = retry
+  end
+end
+
+if op == 'refund' or (op == 'hit' and all_allowed) then
+  for i = 1, #KEYS do
+    local w = writes[i]
+    if w then
+      local p, n = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+      local expires = ceil_div((w[1] + n + 1) * p, n)
+      redis.call('SET', KEYS[i], encode(w[1], w[2]), 'PX',
+        string.format('%d', math.max(1000, expires - now + 1000)))
+    end
+  end
+end
+return reply

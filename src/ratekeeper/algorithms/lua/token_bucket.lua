@@ -1,0 +1,134 @@
+-- token_bucket: the Lua twin of algorithms/token_bucket.py (same integer arithmetic).
+--
+-- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+--          then per rate i: count, period_ms, burst (the bucket's capacity).
+-- State    (scaled, updated_ms): tokens x period_ms, and when they were counted. scaled is
+--          always a multiple of g = gcd(count, period_ms), so scaled / g is stored.
+-- Value    one decimal "<scaled/g><updated_ms as 13 digits>" (an integer to Redis when it fits
+--          in 64 bits); "<scaled/g>:<updated_ms>" when updated_ms is outside 0..10**13-1.
+-- Expiry   a bucket is full again at updated_ms + ceil((burst*period_ms - scaled) / count); every
+--          write sets a relative PEXPIRE of that - now_ms + 1000 (a missing key = a full bucket).
+-- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
+--          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+-- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
+--          idiv corrects the rounding of a / b so floor division is exact too.
+
+local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  return -idiv(-a, b)
+end
+
+local function gcd(a, b)
+  while b > 0 do
+    a, b = b, a - idiv(a, b) * b
+  end
+  return a
+end
+
+local function decode(raw)
+  if not raw then
+    return nil, nil
+  end
+  local sep = string.find(raw, ':', 1, true)
+  if sep then
+    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+  end
+  local n = #raw
+  if n <= 13 then
+    return 0, tonumber(raw)
+  end
+  return tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
+end
+
+local function encode(high, time_ms)
+  if time_ms >= 0 and time_ms < 1e13 then
+    if high == 0 then
+      return string.format('%013d', time_ms)
+    end
+    return string.format('%d%013d', high, time_ms)
+  end
+  return string.format('%d:%d', high, time_ms)
+end
+
+-- the bucket refilled to now: (scaled, updated); a clock behind the writer's changes nothing
+local function level(scaled, updated, full, count)
+  if not scaled then
+    return full, now
+  end
+  if now <= updated then
+    return scaled, updated
+  end
+  local elapsed = math.min(now - updated, ceil_div(full - scaled, count))
+  return math.min(full, scaled + elapsed * count), now
+end
+
+local reply, writes, all_allowed = {}, {}, true
+for i = 1, #KEYS do
+  local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+    tonumber(ARGV[3 * i + 3])
+  local g = gcd(count, period)
+  local full = burst * period
+  local stored, updated = decode(redis.call('GET', KEYS[i]))
+  if stored then
+    stored = stored * g
+  end
+  if op == 'refund' then
+    if stored then
+      local scaled
+      scaled, updated = level(stored, updated, full, count)
+      scaled = math.min(full, scaled + cost * period)
+      writes[i] = {scaled, updated}
+    end
+  else
+    local scaled
+    scaled, updated = level(stored, updated, full, count)
+    local need = cost * period
+    local allowed = scaled >= need
+    if allowed and op == 'hit' then
+      scaled = scaled - need
+      writes[i] = {scaled, updated}
+    end
+    local since = math.max(now, updated)
+    local retry = 0
+    if not allowed then
+      all_allowed = false
+      if cost > burst then
+        retry = -1
+      else
+        retry = since - now + ceil_div(need - scaled, count)
+      end
+    end
+    local n = #reply
+    reply[n + 1] = allowed and 1 or 0
+    reply[n + 2] = idiv(scaled, period)
+    reply[n + 3] = since + ceil_div(full - scaled, count)
+    reply[n + 4] = retry
+  end
+end
+
+if op == 'refund' or (op == 'hit' and all_allowed) then
+  for i = 1, #KEYS do
+    local w = writes[i]
+    if w then
+      local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+        tonumber(ARGV[3 * i + 3])
+      local expires = w[2] + ceil_div(burst * period - w[1], count)
+      redis.call('SET', KEYS[i], encode(idiv(w[1], gcd(count, period)), w[2]), 'PX',
+        string.format('%d', math.max(1000, expires - now + 1000)))
+    end
+  end
+end
+return reply

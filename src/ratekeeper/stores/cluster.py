@@ -1,0 +1,150 @@
+"""``RedisClusterStore``: the Redis scripts on a Redis Cluster, through redis-py's cluster client.
+
+What belongs here is the cluster's I/O: building the cluster clients, sending the codec's
+command, reloading a script after ``NOSCRIPT``, wrapping driver errors. Plans become commands in
+the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
+
+- **Atomic stacks**: every key of one call carries the caller key's hash tag
+  (``rk{tag}...``), so all rates of a stack sit in one slot and one script call sees them all.
+- **Redirects**: the cluster client routes each script call by that slot and follows ``MOVED``
+  (a resharded slot: it refreshes its slot map) and ``ASK`` (a slot mid-migration).
+- **Peeks** are sent as ``EVALSHA``, not ``EVALSHA_RO``: the cluster client computes
+  ``EVALSHA``'s slot itself but asks the server (``COMMAND GETKEYS``, one more round trip) for
+  ``EVALSHA_RO``'s, and reads go to primaries anyway. The peek script never writes either way.
+- **Discovery is lazy**: the sync client is built (which asks a node for the slot map) on first
+  use, so an application starts while the cluster is down and fails open until it is back.
+- Connections get ``socket_timeout`` and ``socket_connect_timeout`` and the cluster client one
+  retry without back-off, so an unreachable cluster costs a bounded time per call before the
+  limiter's fail-open and circuit breaker take over. The cluster is one failure domain (with
+  ``cluster-require-full-coverage``, a cluster missing a primary refuses every key anyway).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.retry import Retry
+
+from ..algorithms import Outcome
+from ..errors import ConfigError, StoreUnavailable
+from ..plan import Plan
+from .redis import _check_timeout
+from .redis_codec import Codec, Command, fallback, outcomes
+from .sharded import check_url
+
+_ERRORS = (RedisError, RedisClusterException, OSError)
+
+
+def _options(socket_timeout: float) -> dict[str, float]:
+    """Timeouts for every node connection (the cluster clients take no ``retry_on_timeout``)."""
+    return {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
+
+
+def _on_primary(command: Command) -> Command:
+    """``EVALSHA_RO`` -> ``EVALSHA``, whose slot the cluster client finds without asking."""
+    return ("EVALSHA", *command[1:]) if command[0] == "EVALSHA_RO" else command
+
+
+class RedisClusterStore:
+    """Runs plans on a Redis Cluster; ``url`` is any node, the rest are discovered."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.RedisCluster | None = None,
+        async_client: redis.asyncio.RedisCluster | None = None,
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+    ) -> None:
+        self.socket_timeout = _check_timeout(socket_timeout)
+        if url is None and client is None and async_client is None:
+            raise ConfigError("RedisClusterStore needs a url (redis://host:port) or a client")
+        if url is not None:
+            check_url(url, "cluster url")
+            if url.startswith("unix:"):
+                raise ConfigError(f"cluster url {url!r} is a unix socket; expected redis://host")
+        self.url = url
+        self.codec = Codec(prefix)
+        self.prefix = prefix
+        self.client = client
+        self._lock = threading.Lock()
+        if async_client is None and url is not None:
+            async_client = redis.asyncio.RedisCluster.from_url(
+                url, retry=AsyncRetry(NoBackoff(), 1), **_options(self.socket_timeout)
+            )
+        self.async_client = async_client
+
+    def __repr__(self) -> str:
+        return f"RedisClusterStore({self.url!r}, prefix={self.prefix!r})"
+
+    def _sync_client(self) -> redis.RedisCluster:
+        client = self.client
+        if client is None:
+            if self.url is None:
+                raise ConfigError(
+                    "this RedisClusterStore has only an async client; use AsyncLimiter"
+                )
+            with self._lock:
+                if self.client is None:
+                    self.client = redis.RedisCluster.from_url(
+                        self.url, retry=Retry(NoBackoff(), 1), **_options(self.socket_timeout)
+                    )
+                client = self.client
+        return client
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan with one script call on the slot's primary (``reset``: one ``DEL``)."""
+        try:
+            client = self._sync_client()
+            if plan.op == "reset":
+                client.delete(*self.codec.keys(plan))
+                return ()
+            command = _on_primary(self.codec.command(plan))
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except _ERRORS as exc:
+            raise _unavailable(plan, exc) from exc
+        return outcomes(reply)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        """The same as ``execute``, on the asyncio cluster client."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        try:
+            if plan.op == "reset":
+                await client.delete(*self.codec.keys(plan))
+                return ()
+            command = _on_primary(self.codec.command(plan))
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))
+        except _ERRORS as exc:
+            raise _unavailable(plan, exc) from exc
+        return outcomes(reply)
+
+    def close(self) -> None:
+        """Close the sync client's connections (the async client: ``await aclose()``)."""
+        if self.client is not None:
+            self.client.close()
+
+    async def aclose(self) -> None:
+        """Close the async client's connections."""
+        if self.async_client is not None:
+            await self.async_client.aclose()
+
+
+def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis cluster could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )

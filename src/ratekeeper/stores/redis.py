@@ -1,0 +1,141 @@
+"""``RedisStore``: one Redis server (or a client you built), every plan one Lua script call.
+
+What belongs here is I/O only: building clients, sending the codec's command, reloading a
+script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. Everything else
+(keys, ARGV, reply parsing) is the sans-I/O ``redis_codec``, so ``execute`` and
+``execute_async`` differ only where ``await`` appears.
+
+- ``hit``/``refund`` run ``EVALSHA``; ``peek`` runs ``EVALSHA_RO`` (Redis >= 7), which never
+  writes and may be served by a replica; ``reset`` is a plain ``DEL`` of the stack's keys.
+- After ``NOSCRIPT`` (a restarted or failed-over server, ``SCRIPT FLUSH``) the same call is sent
+  once as ``EVAL`` with the source, which also re-caches the script: no extra round trip.
+- Clients built from ``url`` get ``socket_timeout`` and ``socket_connect_timeout`` (default
+  50 ms) and at most one immediate retry of a dropped connection, so a dead Redis costs a
+  bounded time before the limiter's fail-open and circuit breaker take over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+from redis.retry import Retry
+
+from ..algorithms import Outcome
+from ..errors import ConfigError, StoreUnavailable
+from ..plan import Plan
+from .redis_codec import Codec, Command, fallback, outcomes
+
+
+def _check_timeout(socket_timeout: object) -> float:
+    if (
+        isinstance(socket_timeout, bool)
+        or not isinstance(socket_timeout, int | float)
+        or not 0 < socket_timeout <= 60
+    ):
+        raise ConfigError(
+            f"socket_timeout={socket_timeout!r} is invalid; expected seconds, 0 < t <= 60"
+        )
+    return float(socket_timeout)
+
+
+def client_options(socket_timeout: float) -> dict[str, Any]:
+    """Connection options for clients built from a URL (shared with the sharded stores)."""
+    return {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
+        "retry_on_timeout": False,
+    }
+
+
+class RedisStore:
+    """Runs plans on one Redis with the algorithms' Lua twins."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        async_client: redis.asyncio.Redis | None = None,
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+    ) -> None:
+        timeout = _check_timeout(socket_timeout)
+        if url is None and client is None and async_client is None:
+            raise ConfigError("RedisStore needs a url (redis://host:port/db) or a client")
+        if url is not None and not isinstance(url, str):
+            raise ConfigError(f"url {url!r} is invalid; expected a string like redis://host:6379/0")
+        self.codec = Codec(prefix)
+        self.prefix = prefix
+        options = client_options(timeout)
+        try:
+            if client is None and url is not None:
+                client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **options)
+            if async_client is None and url is not None:
+                async_client = redis.asyncio.Redis.from_url(
+                    url, retry=AsyncRetry(NoBackoff(), 1), **options
+                )
+        except ValueError as exc:
+            raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
+        self.client = client
+        self.async_client = async_client
+
+    def __repr__(self) -> str:
+        return f"RedisStore(prefix={self.prefix!r})"
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan with one script call (``reset``: one ``DEL``)."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
+        try:
+            if plan.op == "reset":
+                client.delete(*self.codec.keys(plan))
+                return ()
+            command = self.codec.command(plan)
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _unavailable(plan, exc) from exc
+        return outcomes(reply)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        """The same as ``execute``, on the asyncio client."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisStore has only a sync client; use Limiter")
+        try:
+            if plan.op == "reset":
+                await client.delete(*self.codec.keys(plan))
+                return ()
+            command: Command = self.codec.command(plan)
+            try:
+                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _unavailable(plan, exc) from exc
+        return outcomes(reply)
+
+    def close(self) -> None:
+        """Close the sync client's connections (the async client: ``await aclose()``)."""
+        if self.client is not None:
+            self.client.close()
+
+    async def aclose(self) -> None:
+        """Close the async client's connections."""
+        if self.async_client is not None:
+            await self.async_client.aclose()
+
+
+def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )

@@ -1,0 +1,130 @@
+"""The sans-I/O half of the Redis stores: plans become script calls, replies become outcomes.
+
+Nothing here does I/O, so ``RedisStore``'s sync and async paths (and the sharded and cluster
+stores built on it) share it and differ only in how they send a command.
+
+- ``Script``: one algorithm's Lua twin (``algorithms/lua/<name>.lua``), read with
+  ``importlib.resources`` and SHA1-hashed once per process.
+- ``Codec``: per store prefix, turns a ``Plan`` into the full ``EVALSHA`` command
+  (``EVALSHA_RO`` for ``peek``, so a replica can serve it) or into the keys of a ``reset``.
+  Each policy's script and per-rate ARGV are computed once and remembered.
+- ``fallback``: the same command as ``EVAL``/``EVAL_RO`` with the source, for after ``NOSCRIPT``
+  (``EVAL`` also puts the script back in the server's cache, so no extra round trip).
+- ``outcomes``: the script's flat integer reply -> one ``Outcome`` per rate.
+
+The wire contract shared by every script (each script's header repeats it):
+``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag);
+``ARGV`` is ``op`` (``hit``/``peek``/``refund``), ``now_ms``, ``cost``, then three integers per
+rate: ``count``, ``period_ms`` and ``extra`` (``burst`` for token_bucket and gcra, ``buckets``
+for sliding_window, 0 otherwise). ``hit``/``peek`` reply four integers per rate: allowed (1/0),
+remaining, reset_ms and retry_ms (-1 for never); ``refund`` replies an empty array.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from ..algorithms import ALGORITHMS, Outcome
+from ..algorithms.base import INF
+from ..errors import ConfigError
+from ..plan import Plan, Policy
+from .keys import check_prefix, redis_key
+
+Command = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script: its algorithm's name, source text and SHA1 (the ``EVALSHA`` name)."""
+
+    name: str
+    source: str
+    sha: str
+
+
+@cache
+def script(name: str) -> Script:
+    """The Lua twin of algorithm ``name``, read and hashed once."""
+    if name not in ALGORITHMS:
+        raise ConfigError(
+            f"no Lua script for algorithm {name!r}; expected one of {sorted(ALGORITHMS)}"
+        )
+    source = resources.files("ratekeeper.algorithms").joinpath("lua", f"{name}.lua").read_text()
+    sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+    _BY_SHA[sha] = source
+    return Script(name, source, sha)
+
+
+_BY_SHA: dict[str, str] = {}
+
+
+def policy_args(policy: Policy) -> tuple[int, ...]:
+    """The per-rate ARGV tail: count, period_ms, extra for every rate of the stack."""
+    name = policy.algorithm.NAME
+    out: list[int] = []
+    for limit in policy.limits:
+        if name == "sliding_window":
+            extra = limit.buckets
+        elif name in ("token_bucket", "gcra"):
+            extra = limit.capacity
+        else:
+            extra = 0
+        out += (limit.count, limit.period_ms, extra)
+    return tuple(out)
+
+
+class Codec:
+    """Plans -> commands for one key prefix; remembers each policy's script and ARGV tail."""
+
+    __slots__ = ("_policies", "prefix")
+
+    def __init__(self, prefix: str = "rk") -> None:
+        self.prefix = check_prefix(prefix)
+        # id(policy) -> (policy, sha, slots, args); the policy is kept so its id stays unique.
+        self._policies: dict[int, tuple[Policy, str, tuple[str, ...], tuple[int, ...]]] = {}
+
+    def keys(self, plan: Plan) -> list[str]:
+        """The Redis keys of the plan's rates, in stack order."""
+        prefix, key = self.prefix, plan.key
+        return [redis_key(prefix, key, slot) for slot in plan.policy.slots]
+
+    def command(self, plan: Plan) -> Command:
+        """The full command for ``hit``/``peek``/``refund`` (``reset`` is a plain ``DEL``)."""
+        policy = plan.policy
+        entry = self._policies.get(id(policy))
+        if entry is None or entry[0] is not policy:
+            entry = self._remember(policy)
+        _, sha, slots, args = entry
+        prefix, key = self.prefix, plan.key
+        keys = [redis_key(prefix, key, slot) for slot in slots]
+        name = "EVALSHA_RO" if plan.op == "peek" else "EVALSHA"
+        return (name, sha, len(keys), *keys, plan.op, plan.now_ms, plan.cost, *args)
+
+    def _remember(self, policy: Policy) -> tuple[Policy, str, tuple[str, ...], tuple[int, ...]]:
+        if len(self._policies) >= 4096:
+            self._policies.clear()
+        entry = (policy, script(policy.algorithm.NAME).sha, policy.slots, policy_args(policy))
+        self._policies[id(policy)] = entry
+        return entry
+
+
+def fallback(command: Command) -> Command:
+    """``command`` with ``EVALSHA``/``EVALSHA_RO`` replaced by ``EVAL``/``EVAL_RO`` and source."""
+    name = "EVAL_RO" if command[0] == "EVALSHA_RO" else "EVAL"
+    return (name, _BY_SHA[command[1]], *command[2:])
+
+
+def outcomes(reply: Sequence[int] | None) -> tuple[Outcome, ...]:
+    """A script reply (4 integers per rate, or empty) -> one ``Outcome`` per rate."""
+    if not reply:
+        return ()
+    it = iter(reply)
+    return tuple(
+        Outcome(a == 1, r, s, INF if t < 0 else float(t))
+        for a, r, s, t in zip(it, it, it, it, strict=True)
+    )

@@ -1,0 +1,203 @@
+"""``ShardedRedisStore``: client-side sharding over Redis primaries, replicas serving reads.
+
+GitHub's layout: each ``Shard`` is one primary (writes) with optional replicas (reads). What
+belongs here is routing only; each server is driven by a ``RedisStore``, so scripts, ``NOSCRIPT``
+handling and error wrapping are the same as on a single Redis.
+
+- **Placement**: a caller key lives on the shard that wins its hash tag (``keys.encode_tag``)
+  under rendezvous hashing of the shards' names (``rendezvous``), so every rate of a stack is
+  on one shard and one script decides it. A shard's name is its primary's ``host:port/db``
+  unless given: name shards explicitly to move a shard to a new address without moving keys.
+- **Writes** (``hit``, ``refund``, ``reset``) go to the owning shard's primary. A rejected
+  ``hit`` is that one script call; its reply fills the whole decision.
+- **Reads** (``peek``) go to one of the shard's replicas, in turn, falling back to the primary
+  when the shard has none or the replica fails; a failed replica is skipped for
+  ``REPLICA_COOLDOWN_MS`` of the plan's clock. A lagging replica can only be out of date, never
+  wrong about an ended window: windows end by their stored end, which every script compares
+  with the caller's ``now``, so a replica still holding an ended window reports it as ended.
+- **Failure domains**: the store is ``Partitioned`` by shard, so a limiter keeps one circuit
+  breaker per shard and a dead shard degrades only the keys it owns.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..algorithms import Outcome
+from ..errors import ConfigError, StoreUnavailable
+from ..plan import Plan
+from .keys import check_prefix, encode_tag
+from .redis import RedisStore
+from .rendezvous import Rendezvous
+
+REPLICA_COOLDOWN_MS = 1000
+"""How long a replica that failed a read is skipped (reads go to the primary meanwhile)."""
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_url(url: object, what: str = "url") -> str:
+    """A Redis URL: ``redis://`` or ``rediss://`` with a host (port, db optional), or ``unix://``."""
+    expected = "expected redis://host:port/db, rediss://host:port/db or unix:///path.sock"
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{what} {url!r} is invalid; {expected}")
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ConfigError(f"{what} {url!r} has scheme {parts.scheme!r}; {expected}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigError(f"{what} {url!r} has no socket path; {expected}")
+        return url
+    try:
+        _ = parts.port  # parsed lazily: a bad port raises here
+    except ValueError:
+        raise ConfigError(f"{what} {url!r} has an invalid port; {expected}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{what} {url!r} has no host; {expected}")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{what} {url!r} has database {db!r}; expected a number, e.g. /0")
+    return url
+
+
+def address(url: str) -> str:
+    """``host:port/db`` (or the socket path) of a URL: a shard's default name, no credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    db = parts.path.strip("/") or "0"
+    return f"{parts.hostname}:{parts.port or 6379}/{db}"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One primary (``url``) and the replicas that serve its reads.
+
+    ``name`` places keys (rendezvous hashing); it defaults to the primary's ``host:port/db``.
+    """
+
+    url: str
+    replicas: Sequence[str] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        check_url(self.url, "shard url")
+        if isinstance(self.replicas, str) or not isinstance(self.replicas, Sequence):
+            raise ConfigError(
+                f"replicas={self.replicas!r} is invalid; expected a list of URLs "
+                "like ['redis://replica:6379/0']"
+            )
+        replicas = tuple(check_url(r, "replica url") for r in self.replicas)
+        object.__setattr__(self, "replicas", replicas)
+        if not isinstance(self.name, str):
+            raise ConfigError(f"shard name {self.name!r} is invalid; expected a string")
+        if not self.name:
+            object.__setattr__(self, "name", address(self.url))
+
+
+class _Node:
+    """One shard's servers as stores, and when each replica may be tried again."""
+
+    __slots__ = ("down_until_ms", "name", "primary", "replicas", "turn")
+
+    def __init__(self, shard: Shard, prefix: str, socket_timeout: float) -> None:
+        self.name = shard.name
+        self.primary = RedisStore(shard.url, prefix=prefix, socket_timeout=socket_timeout)
+        self.replicas = tuple(
+            RedisStore(url, prefix=prefix, socket_timeout=socket_timeout) for url in shard.replicas
+        )
+        self.down_until_ms = [0] * len(self.replicas)
+        self.turn = itertools.count()
+
+    def route(self, plan: Plan) -> tuple[RedisStore, ...]:
+        """The stores to try in order: a healthy replica then the primary for peek."""
+        replicas = self.replicas
+        if plan.op != "peek" or not replicas:
+            return (self.primary,)
+        start = next(self.turn)
+        for i in range(len(replicas)):
+            index = (start + i) % len(replicas)
+            if self.down_until_ms[index] <= plan.now_ms:
+                return (replicas[index], self.primary)
+        return (self.primary,)
+
+    def replica_failed(self, store: RedisStore, plan: Plan) -> None:
+        """Skip ``store`` (a replica) for the cool-down."""
+        self.down_until_ms[self.replicas.index(store)] = plan.now_ms + REPLICA_COOLDOWN_MS
+
+
+class ShardedRedisStore:
+    """Runs each plan on the shard that owns its caller key (see the module docstring)."""
+
+    def __init__(
+        self, shards: Sequence[Shard], *, prefix: str = "rk", socket_timeout: float = 0.05
+    ) -> None:
+        if isinstance(shards, Shard) or not isinstance(shards, Sequence):
+            raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
+        for shard in shards:
+            if not isinstance(shard, Shard):
+                raise ConfigError(
+                    f"shard {shard!r} is invalid; expected Shard(url, replicas=[...])"
+                )
+        self.shards = tuple(shards)
+        self.prefix = check_prefix(prefix)
+        self.placement = Rendezvous([s.name for s in self.shards])
+        self._nodes = tuple(_Node(s, prefix, socket_timeout) for s in self.shards)
+
+    def __repr__(self) -> str:
+        return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
+
+    def shard_of(self, key: str) -> Shard:
+        """The shard that holds ``key``'s state."""
+        return self.shards[self.placement.owner(encode_tag(key))]
+
+    def partition(self, plan: Plan) -> int:
+        """The index of the shard that runs ``plan`` (one circuit breaker per shard)."""
+        return self.placement.owner(encode_tag(plan.key))
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        """Run one plan on its shard: writes on the primary, ``peek`` on a replica if any."""
+        node = self._nodes[self.partition(plan)]
+        *replica, primary = node.route(plan)
+        for store in replica:
+            try:
+                return store.execute(plan)
+            except StoreUnavailable:
+                node.replica_failed(store, plan)
+        try:
+            return primary.execute(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        """The same as ``execute``, on the asyncio clients."""
+        node = self._nodes[self.partition(plan)]
+        *replica, primary = node.route(plan)
+        for store in replica:
+            try:
+                return await store.execute_async(plan)
+            except StoreUnavailable:
+                node.replica_failed(store, plan)
+        try:
+            return await primary.execute_async(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def close(self) -> None:
+        """Close every sync client's connections."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                store.close()
+
+    async def aclose(self) -> None:
+        """Close every async client's connections."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                await store.aclose()
+
+
+def _unavailable(node: _Node, exc: StoreUnavailable) -> StoreUnavailable:
+    return StoreUnavailable(f"shard {node.name}: {exc}")
