@@ -90,6 +90,31 @@ def test_envoy_format_as_is() -> None:
     assert cfg.policies[tree["blocked"].policy or ""].block
 
 
+STORES = [
+    ("store: memory\n", "memory"),
+    ("store: redis://127.0.0.1:6379/0\n", "redis"),
+    ("store:\n  url: redis://h:1/0\n  batch: {max_size: 64, max_wait_ms: 0.5}\n", "redis"),
+    ("store:\n  shards:\n    - redis://a:1/0\n    - url: redis://b:1/0\n      replicas: "
+     "[redis://c:1/0]\n      name: b\n", "sharded"),
+    ("store:\n  cluster: redis://n:7000\n  batch: false\n", "cluster"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "kind"), STORES)
+def test_stores(text: str, kind: str) -> None:
+    cfg = config.parse_text(text)
+    assert cfg.store.kind == kind
+    jsonschema.validate(yaml.safe_load(text), SCHEMA)
+
+
+def test_store_details() -> None:
+    batched = config.parse_text(STORES[2][0]).store
+    assert batched.batch and batched.batch_max_size == 64 and batched.batch_max_wait_ms == 0.5
+    sharded = config.parse_text(STORES[3][0]).store
+    assert sharded.shards[1] == config.ShardSettings("redis://b:1/0", ("redis://c:1/0",), "b")
+    assert not config.parse_text(STORES[4][0]).store.batch
+
+
 def test_files_merge_and_a_descriptor_can_name_a_policy(tmp_path: Path) -> None:
     a = tmp_path / "a.yaml"
     a.write_text("policies:\n  shared:\n    rate: 5/minute\n")
@@ -118,6 +143,10 @@ BAD = [
     ("policies:\n  a:\n    rate: 1/s\n  a:\n    rate: 2/s\n", 4, "appears twice"),
     ("policies:\n  'bad name':\n    rate: 1/s\n", 2, "policy name 'bad name'"),
     ("store: memcached://x\n", 1, "store 'memcached://x'"),
+    ("store:\n  url: redis://a/0\n  cluster: redis://b\n", 3, "one of url, shards or cluster"),
+    ("store:\n  shards: []\n", 2, "store.shards is empty"),
+    ("store:\n  shards:\n    - url: http://x\n", 3, "shard url 'http://x'"),
+    ("store:\n  url: redis://a/0\n  batch: {max_wait_ms: 500}\n", 3, "max_wait_ms 500"),
     ("limits:\n  max_key_length: 0\n", 2, "max_key_length 0"),
     ("auth:\n  token: short\n", 2, "at least 16"),
     ("policies: [1, 2]\n", 1, "policies must be a mapping"),

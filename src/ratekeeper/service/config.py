@@ -74,12 +74,27 @@ class AuthSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardSettings:
+    """One shard of a sharded store: a primary URL, replica URLs and an optional name."""
+
+    url: str
+    replicas: tuple[str, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StoreSettings:
-    """Which store to run plans on (``memory`` or a Redis URL)."""
+    """Which store runs the plans: ``memory``, ``redis`` (one URL), ``sharded`` or ``cluster``."""
 
     kind: str = "memory"
     url: str = ""
+    shards: tuple[ShardSettings, ...] = ()
     max_keys: int = 1_000_000
+    prefix: str = "rk"
+    socket_timeout: float = 0.05
+    batch: bool = True
+    batch_max_size: int = 128
+    batch_max_wait_ms: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,29 +438,75 @@ def _policy_from(
     return PolicySpec(name, policy, text, algorithm, options.get("burst"), options.get("buckets"))
 
 
+_URL = ("redis://", "rediss://", "unix://")
+
+
 def _store(value: Any, line: int) -> StoreSettings:
     if isinstance(value, str):
         value = _Map({"url": value})
         value.line, value.lines = line, {"url": line}
     body = _map(value, line, "store")
-    _no_unknown(body, {"url", "max_keys"}, "store")
-    url = body.get("url", "memory")
-    if not isinstance(url, str):
-        raise _Problem(body.lines.get("url", line), f"store url {url!r} must be a string")
-    max_keys = _int(
-        body.get("max_keys", 1_000_000), body.lines.get("max_keys", line), "max_keys", 1, 10**9
-    )
+    allowed = {"url", "shards", "cluster", "max_keys", "prefix", "socket_timeout", "batch"}
+    _no_unknown(body, allowed, "store")
+    where = [k for k in ("url", "shards", "cluster") if k in body]
+    if len(where) > 1:
+        raise _Problem(body.lines[where[1]], "store takes one of url, shards or cluster")
+    at = body.lines.get
+    max_keys = _int(body.get("max_keys", 1_000_000), at("max_keys", line), "max_keys", 1, 10**9)
+    prefix = body.get("prefix", "rk")
+    if not isinstance(prefix, str) or not prefix or len(prefix) > 64:
+        raise _Problem(at("prefix", line), f"store prefix {prefix!r} must be 1-64 characters")
+    timeout = body.get("socket_timeout", 0.05)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
+        raise _Problem(at("socket_timeout", line), f"socket_timeout {timeout!r} must be 0-60 s")
+    batch, size, wait = _batch(body.get("batch", True), at("batch", line))
+    common = StoreSettings("memory", "", (), max_keys, prefix, float(timeout), batch, size, wait)
+    if "shards" in body:
+        shards = _seq(body["shards"], body.lines["shards"], "store.shards")
+        if not shards:
+            raise _Problem(shards.line, "store.shards is empty; expected at least one shard")
+        out = tuple(_shard(item, ln) for item, ln in zip(shards, shards.lines, strict=True))
+        return replace(common, kind="sharded", shards=out)
+    kind = "cluster" if "cluster" in body else "redis"
+    url = body.get("cluster", body.get("url", "memory"))
+    url_line = at("cluster", at("url", line))
     if url == "memory":
-        return StoreSettings("memory", "", max_keys)
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        raise _Problem(
-            body.lines.get("url", line),
-            f"store {url!r}: Redis stores are not available in this build yet; use 'memory'",
-        )
-    raise _Problem(
-        body.lines.get("url", line),
-        f"store {url!r} is unknown; expected 'memory' or a redis:// URL",
-    )
+        return common
+    if not isinstance(url, str) or not url.startswith(_URL):
+        raise _Problem(url_line, f"store {url!r} is unknown; expected 'memory' or a redis:// URL")
+    return replace(common, kind=kind, url=url)
+
+
+def _batch(value: Any, line: int) -> tuple[bool, int, float]:
+    if isinstance(value, bool):
+        return value, 128, 1.0
+    body = _map(value, line, "store.batch")
+    _no_unknown(body, {"max_size", "max_wait_ms"}, "store.batch")
+    size = _int(body.get("max_size", 128), body.lines.get("max_size", line), "max_size", 1, 10_000)
+    wait = body.get("max_wait_ms", 1.0)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 100:
+        raise _Problem(body.lines.get("max_wait_ms", line), f"max_wait_ms {wait!r} must be 0-100")
+    return True, size, float(wait)
+
+
+def _shard(value: Any, line: int) -> ShardSettings:
+    if isinstance(value, str):
+        value = _Map({"url": value})
+        value.line, value.lines = line, {"url": line}
+    body = _map(value, line, "a shard")
+    _no_unknown(body, {"url", "replicas", "name"}, "a shard")
+    url = body.get("url")
+    if not isinstance(url, str) or not url.startswith(_URL):
+        raise _Problem(body.lines.get("url", line), f"shard url {url!r} must be a redis:// URL")
+    replicas = body.get("replicas", [])
+    if not isinstance(replicas, list) or not all(
+        isinstance(r, str) and r.startswith(_URL) for r in replicas
+    ):
+        raise _Problem(body.lines.get("replicas", line), "replicas must be a list of redis:// URLs")
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise _Problem(body.lines.get("name", line), f"shard name {name!r} must be a string")
+    return ShardSettings(url, tuple(replicas), name)
 
 
 def _auth(body: _Map, env: Mapping[str, str], current: AuthSettings) -> AuthSettings:

@@ -30,6 +30,7 @@ from prometheus_client import (
 from ..algorithms import Outcome
 from ..plan import Plan
 from ..stores.base import AsyncStore
+from ..stores.sharded import ShardedRedisStore
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -96,3 +97,11 @@ class InstrumentedStore:
             raise
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
+
+
+class InstrumentedPartitionedStore(InstrumentedStore):
+    """``InstrumentedStore`` over a ``Partitioned`` store (one breaker per shard stays)."""
+
+    def __init__(self, inner: ShardedRedisStore, metrics: Metrics) -> None:
+        super().__init__(inner, metrics)
+        self.partition = inner.partition

@@ -25,12 +25,16 @@ from ..clock import Clock
 from ..errors import ConfigError
 from ..limiter import AsyncLimiter
 from ..stores.base import AsyncStore
+from ..stores.cluster import RedisClusterStore
 from ..stores.memory import MemoryStore
+from ..stores.redis import RedisStore
+from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
+from .batching import Batcher, RedisPipeline
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
-from .metrics import InstrumentedStore, Metrics
+from .metrics import InstrumentedPartitionedStore, InstrumentedStore, Metrics
 
 log = logging.getLogger("ratekeeper.service")
 
@@ -46,11 +50,25 @@ class ServeOptions:
     """None: no gRPC listener."""
 
 
-def build_store(settings: config_mod.StoreSettings) -> AsyncStore:
-    """The store a config asks for (Redis stores arrive with their branches)."""
-    if settings.kind == "memory":
-        return MemoryStore(max_keys=settings.max_keys)
-    raise ConfigError(f"store {settings.kind!r} is not available")
+def build_store(settings: config_mod.StoreSettings, metrics: Metrics) -> AsyncStore:
+    """The store a config asks for, instrumented; a single Redis is batched unless told not."""
+    s = settings
+    if s.kind == "memory":
+        return InstrumentedStore(MemoryStore(max_keys=s.max_keys), metrics)
+    if s.kind == "redis":
+        store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        if s.batch and store.async_client is not None:
+            pipeline = RedisPipeline(store.async_client, s.prefix)
+            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000)
+        return InstrumentedStore(store, metrics)
+    if s.kind == "sharded":
+        shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
+        sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        return InstrumentedPartitionedStore(sharded, metrics)
+    if s.kind == "cluster":
+        cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        return InstrumentedStore(cluster, metrics)
+    raise ConfigError(f"store kind {s.kind!r} is unknown")
 
 
 class Service:
@@ -61,8 +79,8 @@ class Service:
         self.config = config_mod.load(options.config_files)
         self.metrics = Metrics()
         self.metrics.policies.set(len(self.config.policies))
-        self.store = build_store(self.config.store)
-        limiter = AsyncLimiter(InstrumentedStore(self.store, self.metrics), clock=clock)
+        self.store = build_store(self.config.store, self.metrics)
+        limiter = AsyncLimiter(self.store, clock=clock)
         self.engine = Engine(self.config, limiter, self.metrics, clock)
         self.api = HttpApi(self.engine, self.reload, self.health)
         self._reload_lock = asyncio.Lock()
