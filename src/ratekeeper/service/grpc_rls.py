@@ -116,10 +116,11 @@ def _tighter(a: DescriptorResult, b: DescriptorResult) -> bool:
 
 def _limit(name: str, rate: Rate, limit: int) -> pb.RateLimitResponse.RateLimit:
     unit = _UNITS.get(rate.period_ms // 1000) if rate.period_ms % 1000 == 0 else None
-    out = pb.RateLimitResponse.RateLimit(name=name)
-    if unit is not None:
+    out = pb.RateLimitResponse.RateLimit(
+        name=name, requests_per_unit=min(limit, UNLIMITED_REMAINING)
+    )
+    if unit is not None:  # other periods (a week, 30 s) have no Envoy unit: UNKNOWN
         out.unit = unit  # type: ignore[assignment]  # enum values are ints on the wire
-        out.requests_per_unit = min(limit, UNLIMITED_REMAINING)
     return out
 
 
