@@ -38,6 +38,9 @@ ENVOY = (
 )
 
 
+TIMEOUT = "  socket_timeout: 2.0\n"  # a loaded machine must not turn the run into fail-open answers
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,12 +103,18 @@ class Service:
         self.port, self.grpc_port = int(m.group(1)), int(m.group(2))
 
     def store_calls(self) -> tuple[float, float]:
-        """(store calls, plans) from the service's metrics."""
+        """(store calls, degraded decisions) from the service's metrics."""
         import httpx
 
         text = httpx.get(f"http://127.0.0.1:{self.port}/metrics").text
         calls = _metric(text, "ratekeeper_store_latency_seconds_count")
-        return calls, _metric(text, "ratekeeper_batch_size_sum")
+        degraded = sum(
+            float(v)
+            for v in re.findall(
+                r'^ratekeeper_decisions_total\{outcome="degraded".*\} (\S+)$', text, re.M
+            )
+        )
+        return calls, degraded
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -197,19 +206,18 @@ async def engine_run(
     store_url: str | None, batch: bool, clients: int, requests: int, seconds: float
 ) -> tuple[int, float, list[float]]:
     """Decisions in-process through the engine (no HTTP), to isolate the store path."""
-    from ratekeeper.service import config as config_mod
     from ratekeeper.service.server import ServeOptions, Service
 
     store = (
         "store: memory\n"
         if store_url is None
-        else f"store:\n  url: {store_url}\n  batch: {str(batch).lower()}\n"
+        else f"store:\n  url: {store_url}\n  batch: {str(batch).lower()}\n{TIMEOUT}"
     )
     path = Path(tempfile.mkdtemp(prefix="rk-bench-")) / "engine.yaml"
     path.write_text(store + POLICY.format(algorithm="fixed_window"))
-    config_mod.load([str(path)])
     service = Service(ServeOptions((str(path),)))
     spec = service.engine.spec("bench")
+    degraded0 = service.engine.limiter.stats()["degraded"]
 
     async def make(_: int) -> Callable[[int], Awaitable[None]]:
         async def call(n: int) -> None:
@@ -217,7 +225,11 @@ async def engine_run(
 
         return call
 
-    return await drive(make, clients, requests, seconds)
+    result = await drive(make, clients, requests, seconds)
+    degraded = service.engine.limiter.stats()["degraded"] - degraded0
+    if degraded:
+        print(f"  ({degraded} degraded decisions: the store timed out)", flush=True)
+    return result
 
 
 def pct(values: list[float], p: float) -> float:
@@ -252,8 +264,12 @@ def main() -> None:
     if redis_server is not None:
         url = redis_server.url
         stores += [
-            ("redis batched", f"store:\n  url: {url}\n  batch: true\n", redis_server),
-            ("redis 1 EVALSHA/decision", f"store:\n  url: {url}\n  batch: false\n", redis_server),
+            ("redis batched", f"store:\n  url: {url}\n  batch: true\n{TIMEOUT}", redis_server),
+            (
+                "redis 1 EVALSHA/decision",
+                f"store:\n  url: {url}\n  batch: false\n{TIMEOUT}",
+                redis_server,
+            ),
         ]
     rates: dict[str, float] = {}
     try:
@@ -263,14 +279,14 @@ def main() -> None:
                 for api, worker in (("HTTP", http_worker(service.port)),
                                     ("gRPC", grpc_worker(service.grpc_port))):  # fmt: skip
                     before = rserver.commands() if rserver else 0
-                    calls0, _ = service.store_calls()
+                    calls0, degraded0 = service.store_calls()
                     result = asyncio.run(drive(worker, c, r, s))
-                    extra = ""
+                    calls1, degraded1 = service.store_calls()
+                    extra = f"  degraded {degraded1 - degraded0:.0f}"
                     if rserver is not None:
                         cmds = (rserver.commands() - before) / max(1, result[0])
-                        calls1, _ = service.store_calls()
                         trips = (calls1 - calls0) / max(1, result[0])
-                        extra = (
+                        extra += (
                             f"  redis cmds/decision {cmds:.2f}  round trips/decision {trips:.3f}"
                         )
                     rates[f"{api} {label}"] = report(f"{api:<5} {label}", result, extra)

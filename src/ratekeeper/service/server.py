@@ -15,6 +15,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,20 +173,27 @@ def _has(module: str) -> bool:
 
 
 def serve(options: ServeOptions) -> int:
-    """Build and run the service; return the process exit code."""
+    """Build and run the service (on uvloop when installed); return the process exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+
+    async def main() -> None:
+        await Service(options).run()
+
     try:
-        service_holder: list[Service] = []
-
-        async def main() -> None:
-            service = Service(options)
-            service_holder.append(service)
-            await service.run()
-
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
     except ConfigError as exc:
         print(f"ratekeeper serve: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
