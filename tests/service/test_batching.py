@@ -145,3 +145,15 @@ def test_pipeline_round_trips_and_noscript(redis_url: str) -> None:
     trips, plans = asyncio.run(go())
     assert trips < plans
     assert commandstats(redis_url).get("eval", 0) >= 1
+
+
+def test_an_unsendable_plan_fails_alone(redis_url: str) -> None:
+    async def go() -> list[bool]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        limiter = AsyncLimiter(Batcher(RedisPipeline(client)), clock=ManualClock())
+        keys = ["fine", "bad\ud800", "also fine"]
+        ds = await asyncio.gather(*(limiter.hit(k, "3/minute") for k in keys))
+        await client.aclose()
+        return [d.degraded for d in ds]
+
+    assert asyncio.run(go()) == [False, True, False]

@@ -178,6 +178,9 @@ def test_bad_names_and_keys(engine: Engine) -> None:
         engine.check_key("k" * 41)
     with pytest.raises(BadRequest, match="key 5 is invalid"):
         engine.check_key(5)
+    with pytest.raises(BadRequest, match="not valid Unicode"):
+        engine.check_key("a\ud800")
+    assert engine.check_key("ключ ✓") == "ключ ✓"
 
 
 def envoy(engine: Engine, *descriptors: list[tuple[str, str]], hits: int = 1) -> list[Any]:

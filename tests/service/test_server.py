@@ -128,6 +128,7 @@ BAD_INPUT = [
     (b'{"policy": "three", "key": ""}', "key", 400),
     (b'{"policy": "three", "key": ["bad"]}', "key", 400),
     (b'{"policy": "three", "key": "' + b"k" * 33 + b'"}', "key", 400),
+    (b'{"policy": "three", "key": "\\ud800"}', "key", 400),
     (b'{"policy": "three", "key": "bad", "cost": "2"}', "cost", 400),
     (b'{"policy": "three", "key": "bad", "cost": 0}', "cost", 400),
     (b'{"policy": "three", "key": "bad", "cost": 1.5}', "cost", 400),

@@ -140,19 +140,37 @@ class RedisPipeline:
 
     async def __call__(self, plans: Sequence[Plan]) -> list[Reply]:
         codec = self.codec
-        commands: list[Command] = [
-            ("DEL", *codec.keys(plan)) if plan.op == "reset" else codec.command(plan)
-            for plan in plans
-        ]
+        commands: list[Command] = []
+        packed: list[bytes] = []
+        bad: dict[int, Reply] = {}
+        for i, plan in enumerate(plans):
+            command = ("DEL", *codec.keys(plan)) if plan.op == "reset" else codec.command(plan)
+            try:
+                packed.append(pack(command))
+                commands.append(command)
+            except (TypeError, UnicodeEncodeError) as exc:  # this plan only; the rest go on
+                bad[i] = StoreUnavailable(f"cannot send {plan.op} to redis: {exc}")
+        replies = await self._send(commands, packed) if packed else []
+        sent = iter(zip(commands, replies, strict=True))
+        out: list[Reply] = []
+        for i, plan in enumerate(plans):
+            if i in bad:
+                out.append(bad[i])
+            else:
+                command, reply = next(sent)
+                out.append(await self._answer(plan, command, reply))
+        return out
+
+    async def _send(self, commands: list[Command], packed: list[bytes]) -> list[object]:
         pool = self.client.connection_pool
         raw: list[object] = []
         try:
             conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # untyped in redis-py
         except (RedisError, OSError) as exc:
-            return [_unavailable(exc)] * len(plans)
+            return [_unavailable(exc)] * len(commands)
         try:
             self.round_trips += 1
-            await conn.send_packed_command(pack(commands), check_health=False)
+            await conn.send_packed_command(b"".join(packed), check_health=False)
             for _ in commands:
                 try:
                     raw.append(await conn.read_response())
@@ -160,45 +178,40 @@ class RedisPipeline:
                     raw.append(exc)
         except (RedisError, OSError) as exc:
             await conn.disconnect()  # replies may be half read: never reuse this connection
-            return [_unavailable(exc)] * len(plans)
+            return [_unavailable(exc)] * len(commands)
         finally:
             await pool.release(conn)
-        out: list[Reply] = []
-        for plan, command, reply in zip(plans, commands, raw, strict=True):
-            if isinstance(reply, NoScriptError):
-                try:
-                    self.round_trips += 1
-                    reply = await self.client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
-                except (RedisError, OSError) as exc:
-                    reply = exc
-            if isinstance(reply, BaseException):
-                out.append(
-                    StoreUnavailable(
-                        f"redis could not run {plan.op}: {type(reply).__name__}: {reply}"
-                    )
-                )
-            elif plan.op == "reset":
-                out.append(())
-            else:
-                out.append(outcomes(reply))  # type: ignore[arg-type]  # a script's integer array
-        return out
+        return raw
+
+    async def _answer(self, plan: Plan, command: Command, reply: object) -> Reply:
+        if isinstance(reply, NoScriptError):
+            try:
+                self.round_trips += 1
+                reply = await self.client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except (RedisError, OSError) as exc:
+                reply = exc
+        if isinstance(reply, BaseException):
+            return StoreUnavailable(
+                f"redis could not run {plan.op}: {type(reply).__name__}: {reply}"
+            )
+        if plan.op == "reset":
+            return ()
+        return outcomes(reply)  # type: ignore[arg-type]  # a script's array of integers
 
 
-def pack(commands: Sequence[Command]) -> bytes:
-    """Commands of strings and integers -> one RESP request buffer."""
-    parts: list[bytes] = []
-    for command in commands:
-        parts.append(b"*%d\r\n" % len(command))
-        for arg in command:
-            if isinstance(arg, str):
-                data = arg.encode()
-            elif isinstance(arg, int):
-                data = b"%d" % arg
-            elif isinstance(arg, bytes):
-                data = arg
-            else:
-                raise TypeError(f"cannot send {arg!r} to Redis: expected str, int or bytes")
-            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+def pack(command: Command) -> bytes:
+    """One command of strings and integers -> its RESP request bytes."""
+    parts = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, int):
+            data = b"%d" % arg
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            raise TypeError(f"cannot send {arg!r} to Redis: expected str, int or bytes")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
 

@@ -154,6 +154,11 @@ class Engine:
         limit = self.config.max_key_length
         if len(key) > limit:
             raise BadRequest(field, f"{field} is {len(key)} characters long; the limit is {limit}")
+        if not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate from JSON "\ud800": no store takes it
+                raise BadRequest(field, f"{field} is not valid Unicode text") from None
         return key
 
     def toggle(self, name: str, enabled: bool | None, shadow: bool | None) -> PolicySpec:
