@@ -63,8 +63,11 @@ def test_redis_down_fails_open_and_health_says_so(tmp_path: Path, fresh_redis: r
     try:
         with httpx.Client(base_url=proc.url, timeout=10) as http:
             body = {"policy": "bucket", "key": "k"}
+            assert http.get("/healthz").json()["store"] == "ok"
             assert not http.post("/v1/hit", json=body).json()["degraded"]
             fresh_redis.kill()
+            first = http.get("/healthz")  # a real probe: no decision needed to notice
+            assert first.status_code == 503 and first.json()["store"] == "unavailable"
             answers = [http.post("/v1/hit", json=body) for _ in range(5)]
             assert all(r.status_code == 200 for r in answers)
             assert all(r.json()["allowed"] and r.json()["degraded"] for r in answers)

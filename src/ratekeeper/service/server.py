@@ -38,6 +38,8 @@ from .http import HttpApi
 from .metrics import InstrumentedPartitionedStore, InstrumentedStore, Metrics
 
 log = logging.getLogger("ratekeeper.service")
+HEALTH_KEY = "ratekeeper:healthz"
+"""The key ``/healthz`` peeks at (outside every policy's namespace: those start with a length)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +107,11 @@ class Service:
             return None
 
     async def health(self) -> dict[str, Any]:
-        """Store reachability and the limiter's failure counters."""
-        stats = self.engine.limiter.stats()
-        store_ok = stats["breaker"] == "closed"
+        """Store reachability (a real read-only call) and the limiter's failure counters."""
+        limiter = self.engine.limiter
+        probe = await limiter.peek(HEALTH_KEY, "1/second")
+        stats = limiter.stats()
+        store_ok = not probe.degraded
         return {
             "store": "ok" if store_ok else "unavailable",
             "store_kind": self.config.store.kind,
