@@ -29,6 +29,7 @@ import yaml
 from ..errors import ConfigError, RateSpecError
 from ..plan import Policy, make_policy
 from ..rates import Rate
+from .yaml_lines import Loader, Map, Problem, Seq
 
 EXAMPLE = Path(__file__).with_name("example.yaml")
 """The built-in example policy file used by ``ratekeeper serve`` without ``--config``."""
@@ -110,64 +111,6 @@ class ServiceConfig:
     domains: Mapping[str, Mapping[str, DescriptorNode]] = field(default_factory=dict)
 
 
-# --- YAML with line numbers -------------------------------------------------------------------
-
-
-class _Map(dict[str, Any]):
-    """A mapping that remembers the line of each key (and of itself)."""
-
-    line: int = 0
-    lines: dict[str, int]
-
-
-class _Seq(list[Any]):
-    """A sequence that remembers its line and the line of each item."""
-
-    line: int = 0
-    lines: list[int]
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    out = _Map()
-    out.line = node.start_mark.line + 1
-    out.lines = {}
-    for key_node, value_node in node.value:
-        line = key_node.start_mark.line + 1
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise _Problem(line, "a key must be a plain name, not a list or mapping")
-        key = str(key_node.value)  # keys are names: 'off' or '404' stay strings
-        if key in out:
-            raise _Problem(line, f"key {key!r} appears twice (first on line {out.lines[key]})")
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.lines[key] = line
-    return out
-
-
-def _construct_seq(loader: _Loader, node: yaml.SequenceNode) -> _Seq:
-    out = _Seq(loader.construct_object(item, deep=True) for item in node.value)
-    out.line = node.start_mark.line + 1
-    out.lines = [item.start_mark.line + 1 for item in node.value]
-    return out
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
-
-
-class _Problem(Exception):
-    """A problem at a line of the file being read; turned into a ``ConfigError``."""
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-        self.message = message
-
-
 # --- loading ----------------------------------------------------------------------------------
 
 
@@ -184,7 +127,7 @@ def load(paths: list[str] | tuple[str, ...], env: Mapping[str, str] | None = Non
             raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
         try:
             builder.add_file(path, text)
-        except _Problem as exc:
+        except Problem as exc:
             raise ConfigError(f"{path}:{exc.line}: {exc.message}") from None
     return builder.build(tuple(str(p) for p in paths))
 
@@ -194,7 +137,7 @@ def parse_text(text: str, name: str = "<config>") -> ServiceConfig:
     builder = _Builder({})
     try:
         builder.add_file(name, text)
-    except _Problem as exc:
+    except Problem as exc:
         raise ConfigError(f"{name}:{exc.line}: {exc.message}") from None
     return builder.build((name,))
 
@@ -229,18 +172,18 @@ class _Builder:
 
     def add_file(self, path: str, text: str) -> None:
         try:
-            doc = yaml.load(text, Loader=_Loader)
-        except _Problem:
+            doc = yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
+        except Problem:
             raise
         except yaml.MarkedYAMLError as exc:
             line = exc.problem_mark.line + 1 if exc.problem_mark else 1
-            raise _Problem(line, f"invalid YAML: {exc.problem}") from None
+            raise Problem(line, f"invalid YAML: {exc.problem}") from None
         except yaml.YAMLError as exc:
-            raise _Problem(1, f"invalid YAML: {exc}") from None
+            raise Problem(1, f"invalid YAML: {exc}") from None
         if doc is None:
-            raise _Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
-        if not isinstance(doc, _Map):
-            raise _Problem(1, "the top level must be a mapping with 'policies' or 'domain'")
+            raise Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
+        if not isinstance(doc, Map):
+            raise Problem(1, "the top level must be a mapping with 'policies' or 'domain'")
         if "domain" in doc:
             self._envoy_domain(path, doc, doc.line)
             return
@@ -249,7 +192,7 @@ class _Builder:
         if any(k in doc for k in ("store", "auth", "limits")):
             if self.settings_file:
                 line = min(doc.lines[k] for k in ("store", "auth", "limits") if k in doc)
-                raise _Problem(line, f"store/auth/limits are already set in {self.settings_file}")
+                raise Problem(line, f"store/auth/limits are already set in {self.settings_file}")
             self.settings_file = path
         if "store" in doc:
             self.store = _store(doc["store"], doc.lines["store"])
@@ -266,7 +209,7 @@ class _Builder:
             for item, line in zip(domains, domains.lines, strict=True):
                 self._envoy_domain(path, _map(item, line, "a domain"), line)
 
-    def _limits(self, limits: _Map) -> None:
+    def _limits(self, limits: Map) -> None:
         _no_unknown(limits, {"max_key_length", "local_cache"}, "limits")
         if "max_key_length" in limits:
             self.max_key_length = _int(
@@ -284,26 +227,26 @@ class _Builder:
     def _add_policy(self, path: str, name: str, body: Any, line: int) -> None:
         _check_name(name, line)
         if name in self.policies:
-            raise _Problem(line, f"policy {name!r} is already defined in {self.policy_files[name]}")
+            raise Problem(line, f"policy {name!r} is already defined in {self.policy_files[name]}")
         spec = _policy(name, _map(body, line, f"policy {name!r}"))
         self.policies[name] = spec
         self.policy_files[name] = path
 
-    def _envoy_domain(self, path: str, doc: _Map, line: int) -> None:
+    def _envoy_domain(self, path: str, doc: Map, line: int) -> None:
         _no_unknown(doc, {"domain", "descriptors"}, "an Envoy domain")
         domain = doc["domain"]
         if not isinstance(domain, str) or not domain:
-            raise _Problem(doc.lines["domain"], f"domain {domain!r} must be a non-empty string")
+            raise Problem(doc.lines["domain"], f"domain {domain!r} must be a non-empty string")
         if domain in self.domains:
-            raise _Problem(
+            raise Problem(
                 line, f"domain {domain!r} is already defined in {self.domain_files[domain]}"
             )
-        descriptors = doc.get("descriptors", _Seq())
+        descriptors = doc.get("descriptors", Seq())
         seq = _seq(descriptors, doc.lines.get("descriptors", line), "descriptors")
         self.domains[domain] = self._tree(domain, seq, ())
         self.domain_files[domain] = path
 
-    def _tree(self, domain: str, seq: _Seq, parents: tuple[str, ...]) -> dict[str, DescriptorNode]:
+    def _tree(self, domain: str, seq: Seq, parents: tuple[str, ...]) -> dict[str, DescriptorNode]:
         out: dict[str, DescriptorNode] = {}
         for item, line in zip(seq, seq.lines, strict=True):
             d = _map(item, line, "a descriptor")
@@ -326,20 +269,20 @@ class _Builder:
             )
             key = d.get("key")
             if not isinstance(key, str) or not key:
-                raise _Problem(d.line, f"descriptor key {key!r} must be a non-empty string")
+                raise Problem(d.line, f"descriptor key {key!r} must be a non-empty string")
             value = d.get("value")
             if value is not None and not isinstance(value, str | int):
-                raise _Problem(d.lines["value"], f"descriptor value {value!r} must be a string")
+                raise Problem(d.lines["value"], f"descriptor value {value!r} must be a string")
             match = key if value is None else f"{key}={value}"
             if match in out:
-                raise _Problem(d.line, f"descriptor {match!r} appears twice at this level")
+                raise Problem(d.line, f"descriptor {match!r} appears twice at this level")
             path = (*parents, match)
             policy = self._descriptor_policy(domain, path, d)
             unlimited = _bool(
                 d.get("unlimited", False), d.lines.get("unlimited", d.line), "unlimited"
             )
             if unlimited and policy is not None:
-                raise _Problem(d.line, "a descriptor cannot have both 'unlimited' and a limit")
+                raise Problem(d.line, "a descriptor cannot have both 'unlimited' and a limit")
             children: dict[str, DescriptorNode] = {}
             if "descriptors" in d:
                 nested = _seq(d["descriptors"], d.lines["descriptors"], "descriptors")
@@ -347,14 +290,14 @@ class _Builder:
             out[match] = DescriptorNode(policy, unlimited, children)
         return out
 
-    def _descriptor_policy(self, domain: str, path: tuple[str, ...], d: _Map) -> str | None:
+    def _descriptor_policy(self, domain: str, path: tuple[str, ...], d: Map) -> str | None:
         if "policy" in d:
             if "rate_limit" in d:
-                raise _Problem(d.line, "a descriptor takes 'policy' or 'rate_limit', not both")
+                raise Problem(d.line, "a descriptor takes 'policy' or 'rate_limit', not both")
             name = d["policy"]
             if name not in self.policies:
                 known = ", ".join(sorted(self.policies)) or "none defined yet"
-                raise _Problem(
+                raise Problem(
                     d.lines["policy"],
                     f"policy {name!r} is not defined (define it under 'policies' in this or an "
                     f"earlier file; known: {known})",
@@ -366,7 +309,7 @@ class _Builder:
         _no_unknown(rl, {"unit", "requests_per_unit", "name"}, "rate_limit")
         unit = rl.get("unit")
         if not isinstance(unit, str) or unit.lower() not in ENVOY_UNITS:
-            raise _Problem(
+            raise Problem(
                 rl.lines.get("unit", rl.line),
                 f"rate_limit unit {unit!r} is unknown; expected one of {', '.join(ENVOY_UNITS)}",
             )
@@ -393,19 +336,19 @@ class _Builder:
 # --- field helpers ----------------------------------------------------------------------------
 
 
-def _policy(name: str, body: _Map) -> PolicySpec:
+def _policy(name: str, body: Map) -> PolicySpec:
     _no_unknown(
         body, {"rate", "algorithm", "burst", "buckets", "shadow", "enabled"}, f"policy {name!r}"
     )
     if "rate" not in body:
-        raise _Problem(body.line, f"policy {name!r} has no 'rate' (e.g. rate: 100/minute)")
+        raise Problem(body.line, f"policy {name!r} has no 'rate' (e.g. rate: 100/minute)")
     rate = body["rate"]
     if isinstance(rate, list):
         if not rate or not all(isinstance(r, str) for r in rate):
-            raise _Problem(body.lines["rate"], f"rate {rate!r} must be a list of rate strings")
+            raise Problem(body.lines["rate"], f"rate {rate!r} must be a list of rate strings")
         rate = "; ".join(rate)
     if not isinstance(rate, str):
-        raise _Problem(body.lines["rate"], f"rate {rate!r} must be a string like '100/minute'")
+        raise Problem(body.lines["rate"], f"rate {rate!r} must be a string like '100/minute'")
     options = {}
     for opt in ("burst", "buckets"):
         if opt in body:
@@ -422,18 +365,18 @@ def _policy_from(
     rate: str | Rate,
     algorithm: Any,
     options: dict[str, int],
-    where: _Map,
+    where: Map,
 ) -> PolicySpec:
     line = where.lines.get("rate", where.lines.get("rate_limit", where.line))
     if not isinstance(algorithm, str):
-        raise _Problem(
+        raise Problem(
             where.lines.get("algorithm", line), f"algorithm {algorithm!r} must be a string"
         )
     try:
         policy = make_policy(rate, algorithm, options.get("burst"), options.get("buckets"))
     except (ConfigError, RateSpecError) as exc:
         bad = "algorithm" if "algorithm" in str(exc) and "algorithm" in where else "rate"
-        raise _Problem(where.lines.get(bad, line), str(exc)) from None
+        raise Problem(where.lines.get(bad, line), str(exc)) from None
     text = rate if isinstance(rate, str) else str(rate)
     return PolicySpec(name, policy, text, algorithm, options.get("burst"), options.get("buckets"))
 
@@ -443,28 +386,28 @@ _URL = ("redis://", "rediss://", "unix://")
 
 def _store(value: Any, line: int) -> StoreSettings:
     if isinstance(value, str):
-        value = _Map({"url": value})
+        value = Map({"url": value})
         value.line, value.lines = line, {"url": line}
     body = _map(value, line, "store")
     allowed = {"url", "shards", "cluster", "max_keys", "prefix", "socket_timeout", "batch"}
     _no_unknown(body, allowed, "store")
     where = [k for k in ("url", "shards", "cluster") if k in body]
     if len(where) > 1:
-        raise _Problem(body.lines[where[1]], "store takes one of url, shards or cluster")
+        raise Problem(body.lines[where[1]], "store takes one of url, shards or cluster")
     at = body.lines.get
     max_keys = _int(body.get("max_keys", 1_000_000), at("max_keys", line), "max_keys", 1, 10**9)
     prefix = body.get("prefix", "rk")
     if not isinstance(prefix, str) or not prefix or len(prefix) > 64:
-        raise _Problem(at("prefix", line), f"store prefix {prefix!r} must be 1-64 characters")
+        raise Problem(at("prefix", line), f"store prefix {prefix!r} must be 1-64 characters")
     timeout = body.get("socket_timeout", 0.05)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
-        raise _Problem(at("socket_timeout", line), f"socket_timeout {timeout!r} must be 0-60 s")
+        raise Problem(at("socket_timeout", line), f"socket_timeout {timeout!r} must be 0-60 s")
     batch, size, wait = _batch(body.get("batch", True), at("batch", line))
     common = StoreSettings("memory", "", (), max_keys, prefix, float(timeout), batch, size, wait)
     if "shards" in body:
         shards = _seq(body["shards"], body.lines["shards"], "store.shards")
         if not shards:
-            raise _Problem(shards.line, "store.shards is empty; expected at least one shard")
+            raise Problem(shards.line, "store.shards is empty; expected at least one shard")
         out = tuple(_shard(item, ln) for item, ln in zip(shards, shards.lines, strict=True))
         return replace(common, kind="sharded", shards=out)
     kind = "cluster" if "cluster" in body else "redis"
@@ -473,7 +416,7 @@ def _store(value: Any, line: int) -> StoreSettings:
     if url == "memory":
         return common
     if not isinstance(url, str) or not url.startswith(_URL):
-        raise _Problem(url_line, f"store {url!r} is unknown; expected 'memory' or a redis:// URL")
+        raise Problem(url_line, f"store {url!r} is unknown; expected 'memory' or a redis:// URL")
     return replace(common, kind=kind, url=url)
 
 
@@ -485,43 +428,43 @@ def _batch(value: Any, line: int) -> tuple[bool, int, float]:
     size = _int(body.get("max_size", 128), body.lines.get("max_size", line), "max_size", 1, 10_000)
     wait = body.get("max_wait_ms", 1.0)
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 100:
-        raise _Problem(body.lines.get("max_wait_ms", line), f"max_wait_ms {wait!r} must be 0-100")
+        raise Problem(body.lines.get("max_wait_ms", line), f"max_wait_ms {wait!r} must be 0-100")
     return True, size, float(wait)
 
 
 def _shard(value: Any, line: int) -> ShardSettings:
     if isinstance(value, str):
-        value = _Map({"url": value})
+        value = Map({"url": value})
         value.line, value.lines = line, {"url": line}
     body = _map(value, line, "a shard")
     _no_unknown(body, {"url", "replicas", "name"}, "a shard")
     url = body.get("url")
     if not isinstance(url, str) or not url.startswith(_URL):
-        raise _Problem(body.lines.get("url", line), f"shard url {url!r} must be a redis:// URL")
+        raise Problem(body.lines.get("url", line), f"shard url {url!r} must be a redis:// URL")
     replicas = body.get("replicas", [])
     if not isinstance(replicas, list) or not all(
         isinstance(r, str) and r.startswith(_URL) for r in replicas
     ):
-        raise _Problem(body.lines.get("replicas", line), "replicas must be a list of redis:// URLs")
+        raise Problem(body.lines.get("replicas", line), "replicas must be a list of redis:// URLs")
     name = body.get("name", "")
     if not isinstance(name, str):
-        raise _Problem(body.lines.get("name", line), f"shard name {name!r} must be a string")
+        raise Problem(body.lines.get("name", line), f"shard name {name!r} must be a string")
     return ShardSettings(url, tuple(replicas), name)
 
 
-def _auth(body: _Map, env: Mapping[str, str], current: AuthSettings) -> AuthSettings:
+def _auth(body: Map, env: Mapping[str, str], current: AuthSettings) -> AuthSettings:
     _no_unknown(body, {"token", "token_env", "admin_token", "admin_token_env", "grpc"}, "auth")
     tokens = {"token": current.token, "admin_token": current.admin_token}
     for name in ("token", "admin_token"):
         if name in body and f"{name}_env" in body:
-            raise _Problem(body.lines[name], f"auth takes {name} or {name}_env, not both")
+            raise Problem(body.lines[name], f"auth takes {name} or {name}_env, not both")
         if name in body:
             tokens[name] = _token(body[name], body.lines[name], f"auth.{name}")
         elif f"{name}_env" in body:
             var = body[f"{name}_env"]
             line = body.lines[f"{name}_env"]
             if not isinstance(var, str) or var not in env:
-                raise _Problem(line, f"auth.{name}_env names {var!r}, which is not set")
+                raise Problem(line, f"auth.{name}_env names {var!r}, which is not set")
             tokens[name] = _token(env[var], line, f"environment variable {var}")
     grpc = _bool(body.get("grpc", False), body.lines.get("grpc", body.line), "auth.grpc")
     return AuthSettings(tokens["token"], tokens["admin_token"], grpc)
@@ -529,45 +472,45 @@ def _auth(body: _Map, env: Mapping[str, str], current: AuthSettings) -> AuthSett
 
 def _token(value: Any, line: int, what: str) -> str:
     if not isinstance(value, str) or len(value) < 16 or not value.isascii() or " " in value:
-        raise _Problem(line, f"{what} must be a string of at least 16 ASCII characters, no spaces")
+        raise Problem(line, f"{what} must be a string of at least 16 ASCII characters, no spaces")
     return value
 
 
 def _check_name(name: str, line: int) -> None:
     if not name or len(name) > 200 or not all(c.isalnum() or c in "._-:" for c in name):
-        raise _Problem(
+        raise Problem(
             line, f"policy name {name!r} is invalid; use letters, digits and . _ - : (<= 200)"
         )
 
 
-def _no_unknown(body: _Map, allowed: set[str], where: str) -> None:
+def _no_unknown(body: Map, allowed: set[str], where: str) -> None:
     for key in body:
         if key not in allowed:
-            raise _Problem(
+            raise Problem(
                 body.lines[key],
                 f"unknown key {key!r} in {where}; expected one of {', '.join(sorted(allowed))}",
             )
 
 
-def _map(value: Any, line: int, what: str) -> _Map:
-    if not isinstance(value, _Map):
-        raise _Problem(line, f"{what} must be a mapping, not {type(value).__name__}")
+def _map(value: Any, line: int, what: str) -> Map:
+    if not isinstance(value, Map):
+        raise Problem(line, f"{what} must be a mapping, not {type(value).__name__}")
     return value
 
 
-def _seq(value: Any, line: int, what: str) -> _Seq:
-    if not isinstance(value, _Seq):
-        raise _Problem(line, f"{what} must be a list, not {type(value).__name__}")
+def _seq(value: Any, line: int, what: str) -> Seq:
+    if not isinstance(value, Seq):
+        raise Problem(line, f"{what} must be a list, not {type(value).__name__}")
     return value
 
 
 def _int(value: Any, line: int, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _Problem(line, f"{what} {value!r} must be a whole number from {low} to {high:_}")
+        raise Problem(line, f"{what} {value!r} must be a whole number from {low} to {high:_}")
     return value
 
 
 def _bool(value: Any, line: int, what: str) -> bool:
     if not isinstance(value, bool):
-        raise _Problem(line, f"{what} {value!r} must be true or false")
+        raise Problem(line, f"{what} {value!r} must be true or false")
     return value
