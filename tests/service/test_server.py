@@ -304,3 +304,26 @@ def test_no_arguments_serves_the_example() -> None:
             assert http.get("/healthz").json()["store"] == "ok"
     finally:
         proc.stop()
+
+
+def test_grpc_token_when_required(tmp_path: Path) -> None:
+    path = tmp_path / "grpc-auth.yaml"
+    path.write_text(
+        CONFIG.replace(f"  admin_token: {ADMIN}\n", f"  admin_token: {ADMIN}\n  grpc: true\n")
+    )
+    proc = ServiceProcess(path)
+    try:
+        req = pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "9.9.9.9"))])
+        with grpc.insecure_channel(f"127.0.0.1:{proc.grpc_port}") as channel:
+            stub = pb_grpc.RateLimitServiceStub(channel)
+            for metadata in [(), (("authorization", f"Bearer {TOKEN}x"),)]:
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.ShouldRateLimit(req, timeout=10, metadata=metadata)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.ShouldRateLimit(
+                req, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            assert ok.overall_code == pb.RateLimitResponse.OK
+            assert ok.statuses[0].limit_remaining == 1  # the refused calls counted nothing
+    finally:
+        proc.stop()
