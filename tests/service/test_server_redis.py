@@ -3,6 +3,7 @@ fail-open when Redis dies, sharded and cluster stores."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -87,12 +88,15 @@ def test_redis_down_fails_open_and_health_says_so(tmp_path: Path, fresh_redis: r
         proc.stop()
 
 
-def test_sharded_store(tmp_path: Path, primary_replica: tuple[rs.RedisServer, rs.RedisServer]):
+@pytest.mark.parametrize("batch", ["true", "false"])
+def test_sharded_store(
+    tmp_path: Path, primary_replica: tuple[rs.RedisServer, rs.RedisServer], batch: str
+) -> None:
     primary, replica = primary_replica
     other = rs.RedisServer()
     try:
         store = (
-            "store:\n  shards:\n"
+            f"store:\n  batch: {batch}\n  shards:\n"
             f"    - url: {primary.url}\n      replicas: [{replica.url}]\n"
             f"    - url: {other.url}\n"
         )
@@ -103,6 +107,10 @@ def test_sharded_store(tmp_path: Path, primary_replica: tuple[rs.RedisServer, rs
                     body = {"policy": "three", "key": f"user{i}"}
                     got = [http.post("/v1/hit", json=body).json()["allowed"] for _ in range(4)]
                     assert got == [True, True, True, False]
+                batches = re.search(
+                    r"^ratekeeper_batch_size_count (\S+)$", http.get("/metrics").text, re.M
+                )
+                assert (batches is not None and float(batches.group(1)) > 0) == (batch == "true")
             used = [s.client().dbsize() for s in (primary, other)]
             assert all(n > 0 for n in used)  # keys spread over both shards
         finally:

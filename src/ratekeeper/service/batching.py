@@ -12,6 +12,9 @@ So under load, requests that arrive while Redis answers the previous batch, and 
 ``max_wait`` after, ride together in the next one: one round trip for many decisions. Each
 plan gets its own result or its own exception; one failing plan fails no other.
 
+``ShardedBatcher`` does the same per shard of a ``ShardedRedisStore``: writes (hit, refund,
+reset) are batched to the owning shard's primary; peeks keep the store's replica routing.
+
 ``RedisPipeline`` runs a batch on one Redis as one pipelined write and its replies (no MULTI:
 each script is atomic on its own, and a batch needs no more) using the Redis codec, so batched
 decisions are the same as ``RedisStore``'s; a ``NOSCRIPT`` reply is retried with ``EVAL`` for
@@ -30,7 +33,9 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
+from ..stores.redis import client_options
 from ..stores.redis_codec import Codec, Command, fallback, outcomes
+from ..stores.sharded import ShardedRedisStore
 from .metrics import Metrics
 
 Reply = tuple[Outcome, ...] | BaseException
@@ -123,6 +128,39 @@ class Batcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+
+class ShardedBatcher:
+    """Batches each shard's writes on its primary; a ``Partitioned`` store (breaker per shard)."""
+
+    def __init__(
+        self,
+        store: ShardedRedisStore,
+        socket_timeout: float,
+        metrics: Metrics | None = None,
+        max_size: int = 128,
+        max_wait: float = 0.001,
+    ) -> None:
+        self.store = store
+        options = client_options(socket_timeout)
+        self.batchers = [
+            Batcher(
+                RedisPipeline(redis.asyncio.Redis.from_url(shard.url, **options), store.prefix),
+                metrics,
+                max_size,
+                max_wait,
+            )
+            for shard in store.shards
+        ]
+
+    def partition(self, plan: Plan) -> int:
+        """The shard that owns ``plan``'s key (one circuit breaker per shard)."""
+        return self.store.partition(plan)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        if plan.op == "peek":
+            return await self.store.execute_async(plan)
+        return await self.batchers[self.store.partition(plan)].execute_async(plan)
 
 
 class RedisPipeline:

@@ -31,7 +31,7 @@ from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
-from .batching import Batcher, RedisPipeline
+from .batching import Batcher, RedisPipeline, ShardedBatcher
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
@@ -67,6 +67,9 @@ def build_store(settings: config_mod.StoreSettings, metrics: Metrics) -> AsyncSt
     if s.kind == "sharded":
         shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
         sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        if s.batch:
+            wait = s.batch_max_wait_ms / 1000
+            return ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
         return InstrumentedPartitionedStore(sharded, metrics)
     if s.kind == "cluster":
         cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
