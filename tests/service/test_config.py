@@ -131,6 +131,8 @@ def test_tokens_from_environment(tmp_path: Path) -> None:
     assert cfg.auth.token == "t" * 32 and cfg.auth.admin_token == "b" * 16
     with pytest.raises(ConfigError, match=r"c.yaml:2: auth.token_env names 'MY_TOKEN'"):
         config.load([str(f)], env={})
+    with pytest.raises(ConfigError, match="environment variable RATEKEEPER_TOKEN must be"):
+        config.load([str(f)], env={"RATEKEEPER_TOKEN": "short", "MY_TOKEN": "t" * 32})
 
 
 BAD = [

@@ -148,9 +148,16 @@ class _Builder:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
         self.store = StoreSettings()
-        self.auth = AuthSettings(
-            env.get("RATEKEEPER_TOKEN", ""), env.get("RATEKEEPER_ADMIN_TOKEN", "")
-        )
+        tokens = {}
+        for var in ("RATEKEEPER_TOKEN", "RATEKEEPER_ADMIN_TOKEN"):
+            value = env.get(var, "")
+            if value:
+                try:
+                    _token(value, 0, f"environment variable {var}")
+                except Problem as exc:
+                    raise ConfigError(exc.message) from None
+            tokens[var] = value
+        self.auth = AuthSettings(tokens["RATEKEEPER_TOKEN"], tokens["RATEKEEPER_ADMIN_TOKEN"])
         self.max_key_length = DEFAULT_MAX_KEY_LENGTH
         self.local_cache = True
         self.settings_file = ""
