@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import jsonschema
 import pytest
 
 from ratekeeper.service.proto import rls_pb2 as pb
@@ -159,6 +160,26 @@ def test_routes_and_methods(http: httpx.Client) -> None:
     assert {"three", "stacked", "shadowed", "edge/ip"} <= names
     spec = http.get("/openapi.json").json()
     assert spec["openapi"].startswith("3.") and "/v1/hit" in spec["paths"]
+
+
+def test_answers_match_the_openapi_document(http: httpx.Client) -> None:
+    doc = http.get("/openapi.json").json()
+
+    def check(value: object, name: str) -> None:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+        jsonschema.validate(value, schema)
+
+    hit = http.post("/v1/hit", json={"policy": "stacked", "key": "openapi"}).json()
+    check(hit, "Decision")
+    for _ in range(3):
+        over = http.post("/v1/hit", json={"policy": "stacked", "key": "openapi"}).json()
+    check(over, "Decision")
+    check(http.post("/v1/hit", json={"policy": "nope", "key": "k"}).json(), "Error")
+    check(http.get("/healthz").json(), "Health")
+    for policy in http.get("/v1/policies").json()["policies"]:
+        check(policy, "Policy")
+    with pytest.raises(jsonschema.ValidationError):
+        check({"allowed": "yes"}, "Decision")
 
 
 def test_kill_switch_toggle(http: httpx.Client) -> None:
