@@ -4,6 +4,7 @@ generated from our rls.proto, auth, bad input, reloads and metrics."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -348,3 +349,20 @@ def test_grpc_token_when_required(tmp_path: Path) -> None:
             assert ok.statuses[0].limit_remaining == 1  # the refused calls counted nothing
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_a_busy_port_is_refused_cleanly(flag: str) -> None:
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        other = "--grpc-port" if flag == "--port" else "--port"
+        out = run_serve(flag, port, other, "0")
+    assert out.returncode == 2
+    assert (
+        f"cannot listen for {'HTTP' if flag == '--port' else 'gRPC'} on 127.0.0.1:{port}"
+        in out.stderr
+    )
+    assert "Traceback" not in out.stderr

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -128,12 +129,21 @@ class Service:
         """Serve until SIGINT/SIGTERM."""
         opts = self.options
         loop = asyncio.get_running_loop()
+        sock = _listen(opts.host, opts.port)  # first, so a busy port fails cleanly
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            grpc_server = grpc.aio.server()
+            # no SO_REUSEPORT: a second service on the same port must fail, not share it
+            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
             grpc_server.add_generic_rpc_handlers((handler(self.engine),))
-            grpc_port = grpc_server.add_insecure_port(f"{_host(opts.host)}:{opts.grpc_port}")
+            where = f"{_host(opts.host)}:{opts.grpc_port}"
+            try:
+                grpc_port = grpc_server.add_insecure_port(where)
+            except RuntimeError as exc:
+                sock.close()
+                raise ConfigError(
+                    f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
+                ) from None
             await grpc_server.start()
         uv_config = uvicorn.Config(
             self.api,
@@ -148,7 +158,7 @@ class Service:
         server = uvicorn.Server(uv_config)
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -165,6 +175,28 @@ class Service:
         finally:
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen for HTTP on {host}:{port} (--host): {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen for HTTP on {host}:{port} (--port): {exc.strerror or exc}"
+        ) from None
+    return sock
 
 
 def _host(host: str) -> str:
