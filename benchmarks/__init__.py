@@ -1,0 +1,1 @@
+"""Benchmarks: not part of the test suite's pass/fail (see DESIGN.md)."""

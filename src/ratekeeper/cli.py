@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ._version import __version__
 from .demo import add_demo_command
+from .service.cli import add_serve_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ratekeeper {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_serve_command(subparsers)
     add_demo_command(subparsers)
     return parser
 

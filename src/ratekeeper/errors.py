@@ -3,6 +3,7 @@
     RatekeeperError
     ├── RateSpecError (also ValueError)      a rate string or cost that cannot be used
     ├── ConfigError (also ValueError)        an unknown algorithm, option or setting
+    ├── BadRequest (also ValueError)         a service request that cannot be served (4xx)
     └── StoreUnavailable                     the store failed and the limiter fails closed
 
 Being over the limit is a ``Decision``, never an exception. Driver errors are wrapped at
@@ -26,3 +27,16 @@ class ConfigError(RatekeeperError, ValueError):
 
 class StoreUnavailable(RatekeeperError):
     """The store could not answer and the limiter was told not to fail open."""
+
+
+class BadRequest(RatekeeperError, ValueError):
+    """A service request was refused before anything was counted.
+
+    ``field`` names the part of the request at fault (``"key"``, ``"body"``, ...) and
+    ``status`` is the HTTP status the service answers with (400, 404, 413, ...).
+    """
+
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status

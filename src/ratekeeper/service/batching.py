@@ -1,0 +1,257 @@
+"""Request coalescing: plans that arrive together go to the store as one batch.
+
+``Batcher`` is an ``AsyncStore``. Each ``execute_async`` queues its plan and waits for its own
+result. A batch is sent when one of these comes first:
+
+- ``max_size`` plans are queued (bounded size);
+- no batch is in flight: an idle store is asked at once (what arrived in the same event-loop
+  turn goes along), so light load gets no added latency;
+- the oldest queued plan has waited ``max_wait`` seconds (default 1 ms; bounded wait).
+
+So under load, requests that arrive while Redis answers the previous batch, and up to
+``max_wait`` after, ride together in the next one: one round trip for many decisions. Each
+plan gets its own result or its own exception; one failing plan fails no other.
+
+``ShardedBatcher`` does the same per shard of a ``ShardedRedisStore``: writes (hit, refund,
+reset) are batched to the owning shard's primary; peeks keep the store's replica routing.
+
+``RedisPipeline`` runs a batch on one Redis as one pipelined write and its replies (no MULTI:
+each script is atomic on its own, and a batch needs no more) using the Redis codec, so batched
+decisions are the same as ``RedisStore``'s; a ``NOSCRIPT`` reply is retried with ``EVAL`` for
+that plan only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import redis.asyncio
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ..algorithms import Outcome
+from ..errors import ConfigError, StoreUnavailable
+from ..plan import Plan
+from ..stores.redis import client_options
+from ..stores.redis_codec import Codec, Command, fallback, outcomes
+from ..stores.sharded import ShardedRedisStore
+from .metrics import Metrics
+
+Reply = tuple[Outcome, ...] | BaseException
+ExecuteMany = Callable[[Sequence[Plan]], Awaitable[list[Reply]]]
+
+
+class Batcher:
+    """Coalesces concurrent plans into batches for ``execute_many``."""
+
+    def __init__(
+        self,
+        execute_many: ExecuteMany,
+        metrics: Metrics | None = None,
+        max_size: int = 128,
+        max_wait: float = 0.001,
+    ) -> None:
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ConfigError(f"batch max_size={max_size!r} is invalid; expected >= 1")
+        if not 0 <= max_wait <= 0.1:
+            raise ConfigError(f"batch max_wait={max_wait!r} s is invalid; expected 0 to 0.1")
+        self.execute_many = execute_many
+        self.metrics = metrics
+        self.max_size = max_size
+        self.max_wait = max_wait
+        self._queue: list[tuple[Plan, asyncio.Future[tuple[Outcome, ...]]]] = []
+        self._in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._soon = False
+        self._tasks: set[asyncio.Future[None]] = set()
+        self.batches = 0
+        self.plans = 0
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Outcome, ...]] = loop.create_future()
+        self._queue.append((plan, future))
+        self._schedule(loop)
+        return await future
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if len(self._queue) >= self.max_size:
+            self._flush()
+        elif not self._in_flight:
+            if not self._soon:  # send after this loop turn: what arrived together goes together
+                self._soon = True
+                loop.call_soon(self._flush)
+        elif self._timer is None:
+            self._timer = loop.call_later(self.max_wait, self._flush)
+
+    def _flush(self) -> None:
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._queue:
+            batch = self._queue[: self.max_size]
+            del self._queue[: self.max_size]
+            self._in_flight += 1
+            task = asyncio.ensure_future(self._send(batch))
+            self._tasks.add(task)  # keep a reference until it is done
+            task.add_done_callback(self._tasks.discard)
+            if len(self._queue) < self.max_size:
+                break
+        if self._queue:
+            self._schedule(asyncio.get_running_loop())
+
+    async def _send(self, batch: list[tuple[Plan, asyncio.Future[tuple[Outcome, ...]]]]) -> None:
+        self.batches += 1
+        self.plans += len(batch)
+        start = time.perf_counter()
+        try:
+            replies = await self.execute_many([plan for plan, _ in batch])
+        except Exception as exc:  # handed to every waiter of the batch, never lost
+            replies = [exc] * len(batch)
+        except BaseException:  # cancelled: no waiter may hang
+            for _, future in batch:
+                future.cancel()
+            raise
+        finally:
+            self._in_flight -= 1
+            if self.metrics is not None:
+                self.metrics.batch_size.observe(len(batch))
+                self.metrics.store_latency.observe(time.perf_counter() - start)
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # the caller went away (cancelled)
+                continue
+            if isinstance(reply, BaseException):
+                if self.metrics is not None:
+                    self.metrics.store_errors.inc()
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+
+class ShardedBatcher:
+    """Batches each shard's writes on its primary; a ``Partitioned`` store (breaker per shard)."""
+
+    def __init__(
+        self,
+        store: ShardedRedisStore,
+        socket_timeout: float,
+        metrics: Metrics | None = None,
+        max_size: int = 128,
+        max_wait: float = 0.001,
+    ) -> None:
+        self.store = store
+        options = client_options(socket_timeout)
+        self.batchers = [
+            Batcher(
+                RedisPipeline(redis.asyncio.Redis.from_url(shard.url, **options), store.prefix),
+                metrics,
+                max_size,
+                max_wait,
+            )
+            for shard in store.shards
+        ]
+
+    def partition(self, plan: Plan) -> int:
+        """The shard that owns ``plan``'s key (one circuit breaker per shard)."""
+        return self.store.partition(plan)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        if plan.op == "peek":
+            return await self.store.execute_async(plan)
+        return await self.batchers[self.store.partition(plan)].execute_async(plan)
+
+
+class RedisPipeline:
+    """``execute_many`` for one Redis: a batch of plans is one pipelined round trip.
+
+    The commands are packed into one RESP buffer here (they hold only strings and integers)
+    and written on one pooled connection, then the replies are read in order; redis-py's
+    ``Pipeline`` object costs more per command than the rest of a decision.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, prefix: str = "rk") -> None:
+        self.client = client
+        self.codec = Codec(prefix)
+        self.round_trips = 0
+
+    async def __call__(self, plans: Sequence[Plan]) -> list[Reply]:
+        codec = self.codec
+        commands: list[Command] = []
+        packed: list[bytes] = []
+        bad: dict[int, Reply] = {}
+        for i, plan in enumerate(plans):
+            command = ("DEL", *codec.keys(plan)) if plan.op == "reset" else codec.command(plan)
+            try:
+                packed.append(pack(command))
+                commands.append(command)
+            except (TypeError, UnicodeEncodeError) as exc:  # this plan only; the rest go on
+                bad[i] = StoreUnavailable(f"cannot send {plan.op} to redis: {exc}")
+        replies = await self._send(commands, packed) if packed else []
+        sent = iter(zip(commands, replies, strict=True))
+        out: list[Reply] = []
+        for i, plan in enumerate(plans):
+            if i in bad:
+                out.append(bad[i])
+            else:
+                command, reply = next(sent)
+                out.append(await self._answer(plan, command, reply))
+        return out
+
+    async def _send(self, commands: list[Command], packed: list[bytes]) -> list[object]:
+        pool = self.client.connection_pool
+        raw: list[object] = []
+        try:
+            conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            return [_unavailable(exc)] * len(commands)
+        try:
+            self.round_trips += 1
+            await conn.send_packed_command(b"".join(packed), check_health=False)
+            for _ in commands:
+                try:
+                    raw.append(await conn.read_response())
+                except ResponseError as exc:  # one script's error: the stream stays in step
+                    raw.append(exc)
+        except (RedisError, OSError) as exc:
+            await conn.disconnect()  # replies may be half read: never reuse this connection
+            return [_unavailable(exc)] * len(commands)
+        finally:
+            await pool.release(conn)
+        return raw
+
+    async def _answer(self, plan: Plan, command: Command, reply: object) -> Reply:
+        if isinstance(reply, NoScriptError):
+            try:
+                self.round_trips += 1
+                reply = await self.client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except (RedisError, OSError) as exc:
+                reply = exc
+        if isinstance(reply, BaseException):
+            return StoreUnavailable(
+                f"redis could not run {plan.op}: {type(reply).__name__}: {reply}"
+            )
+        if plan.op == "reset":
+            return ()
+        return outcomes(reply)  # type: ignore[arg-type]  # a script's array of integers
+
+
+def pack(command: Command) -> bytes:
+    """One command of strings and integers -> its RESP request bytes."""
+    parts = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, int):
+            data = b"%d" % arg
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            raise TypeError(f"cannot send {arg!r} to Redis: expected str, int or bytes")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"redis pipeline failed: {type(exc).__name__}: {exc}")

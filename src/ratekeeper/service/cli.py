@@ -1,0 +1,61 @@
+"""``ratekeeper serve``: registers the subcommand on the CLI's argparse subparsers.
+
+Importing this module imports nothing of the server extra; ``serve`` imports it when run, and
+says which extra to install when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to ``parser.add_subparsers()``; it runs ``run_serve``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the rate-limit service (HTTP JSON + Envoy gRPC)",
+        description=(
+            "Run the rate-limit service. Without --config it uses the memory store and a "
+            "built-in example policy file. SIGHUP reloads the config."
+        ),
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML config (ours or Envoy ratelimit's); repeat to merge several files",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=_port, default=8080, help="HTTP port (0: any free)")
+    parser.add_argument(
+        "--grpc-port", type=_port, default=8081, help="gRPC port for Envoy's RLS API (0: any free)"
+    )
+    parser.add_argument("--no-grpc", action="store_true", help="do not start the gRPC listener")
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Start the service with the parsed arguments."""
+    try:
+        from .server import ServeOptions, serve
+    except ImportError as exc:
+        print(
+            f"ratekeeper serve needs the server extra ({exc.name} is missing): "
+            "pip install 'ratekeeper[server]'",
+            file=sys.stderr,
+        )
+        return 2
+    options = ServeOptions(
+        tuple(args.config), args.host, args.port, None if args.no_grpc else args.grpc_port
+    )
+    return serve(options)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text!r} is invalid; expected 0 to 65535")
+    return int(text)

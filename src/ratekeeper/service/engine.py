@@ -1,0 +1,273 @@
+"""The service's decision engine: named policies and Envoy descriptors -> ``Decision``s.
+
+Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire formats.
+
+- Store keys are namespaced by policy name (``<len>:<name>:<key>``), so two policies with
+  the same rates never share a counter, whatever characters their names and keys hold.
+- ``enabled: false`` answers "allowed" without touching the store; ``shadow: true`` counts
+  as usual but always answers "allowed" (the would-be rejection shows in metrics and in the
+  answer's ``shadow`` flag); Envoy's ``requests_per_unit: 0`` rejects without the store.
+- The over-limit cache: after the store rejects ``cost`` units of a key, requests of at least
+  that cost are rejected locally until the moment the store said a retry could succeed, with
+  ``retry_after`` counted down from it. ``remaining`` is the store's value at the rejection:
+  never above the truth for window algorithms, and for refilling ones below it by less than
+  ``cost`` (the request still does not fit). A refund or reset of the key forgets the entry.
+- Envoy descriptors: each is matched entry by entry down its domain's tree (an exact
+  ``key=value`` node first, then a ``key`` node matching any value); the node reached by the
+  last entry sets the limit. Its counter key is the request's entries, so a ``key``-only node
+  limits each value separately. Descriptors are charged independently, as Envoy does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..clock import Clock
+from ..decision import Decision
+from ..errors import BadRequest
+from ..limiter import AsyncLimiter
+from .config import PolicySpec, ServiceConfig
+from .metrics import Metrics
+
+UNLIMITED_REMAINING = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A decision as the service reports it."""
+
+    decision: Decision
+    policy: str
+    shadow: bool = False
+    """A shadow policy would have rejected this request (it was answered allowed)."""
+    local: bool = False
+    """Answered by the over-limit cache without asking the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptorResult:
+    """One Envoy descriptor's answer; ``result`` is None when no limit applies."""
+
+    result: Result | None
+    unlimited: bool = False
+
+
+class OverLimitCache:
+    """Rejected (policy, key) pairs and when the store said they could next succeed."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[tuple[str, str], tuple[int, int, Decision]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, name: str, key: str, cost: int, now_ms: int) -> Decision | None:
+        """The cached rejection for a request of ``cost`` at ``now_ms``, or None."""
+        entry = self._entries.get((name, key))
+        if entry is None:
+            return None
+        until_ms, min_cost, decision = entry
+        if now_ms >= until_ms:
+            del self._entries[(name, key)]
+            return None
+        if cost < min_cost:
+            return None
+        retry = (
+            decision.retry_after if math.isinf(decision.retry_after) else (until_ms - now_ms) / 1000
+        )
+        return replace(decision, retry_after=retry, now=now_ms / 1000)
+
+    def put(self, name: str, key: str, cost: int, decision: Decision) -> None:
+        """Remember a rejection until its ``retry_after`` (skipped when never admissible)."""
+        if math.isinf(decision.retry_after) or decision.retry_after <= 0:
+            return
+        until_ms = round((decision.now + decision.retry_after) * 1000)
+        entries = self._entries
+        if len(entries) >= self.max_entries:
+            now_ms = round(decision.now * 1000)
+            stale = [k for k, v in list(entries.items())[:64] if v[0] <= now_ms]
+            for k in stale or [next(iter(entries))]:
+                del entries[k]
+        entries[(name, key)] = (until_ms, cost, decision)
+
+    def forget(self, name: str, key: str) -> None:
+        self._entries.pop((name, key), None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def store_key(name: str, key: str) -> str:
+    """The key the limiter sees: injective in (policy name, caller key)."""
+    return f"{len(name)}:{name}:{key}"
+
+
+def envoy_key(domain: str, entries: Sequence[tuple[str, str]]) -> str:
+    """An Envoy descriptor's caller key: injective in (domain, entries)."""
+    return json.dumps([domain, *entries], separators=(",", ":"), ensure_ascii=False)
+
+
+class Engine:
+    """Answers hit/peek/refund/reset on named policies and Envoy descriptor requests."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        limiter: AsyncLimiter,
+        metrics: Metrics,
+        clock: Clock = time.time,
+    ) -> None:
+        self.limiter = limiter
+        self.metrics = metrics
+        self.clock = clock
+        self.cache = OverLimitCache()
+        self.config = config
+        self.overrides: dict[str, tuple[bool, bool]] = {}
+
+    def swap(self, config: ServiceConfig) -> None:
+        """Start answering from a new config (runtime toggles and the local cache reset)."""
+        self.config = config
+        self.overrides.clear()
+        self.cache.clear()
+
+    def spec(self, name: object) -> PolicySpec:
+        """The named policy with runtime toggles applied, or ``BadRequest`` (404)."""
+        if not isinstance(name, str) or not name:
+            raise BadRequest("policy", f"policy {name!r} is invalid; expected a policy name")
+        spec = self.config.policies.get(name)
+        if spec is None:
+            raise BadRequest("policy", f"policy {name!r} is not configured", 404)
+        toggles = self.overrides.get(name)
+        if toggles is not None:
+            spec = replace(spec, enabled=toggles[0], shadow=toggles[1])
+        return spec
+
+    def check_key(self, key: object, field: str = "key") -> str:
+        """A caller key: a non-empty string no longer than ``max_key_length``."""
+        if not isinstance(key, str) or not key:
+            raise BadRequest(field, f"{field} {key!r} is invalid; expected a non-empty string")
+        limit = self.config.max_key_length
+        if len(key) > limit:
+            raise BadRequest(field, f"{field} is {len(key)} characters long; the limit is {limit}")
+        if not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate from JSON "\ud800": no store takes it
+                raise BadRequest(field, f"{field} is not valid Unicode text") from None
+        return key
+
+    def toggle(self, name: str, enabled: bool | None, shadow: bool | None) -> PolicySpec:
+        """Switch a policy off/on or into/out of shadow mode until the next reload."""
+        spec = self.spec(name)
+        new = (
+            spec.enabled if enabled is None else enabled,
+            spec.shadow if shadow is None else shadow,
+        )
+        self.overrides[name] = new
+        self.cache.clear()
+        return self.spec(name)
+
+    async def hit(self, spec: PolicySpec, key: str, cost: int) -> Result:
+        """Consume ``cost`` units of ``key`` under the policy (all-or-nothing over its stack)."""
+        return await self._decide("hit", spec, key, cost)
+
+    async def peek(self, spec: PolicySpec, key: str, cost: int) -> Result:
+        """The answer a hit would get now, consuming nothing."""
+        return await self._decide("peek", spec, key, cost)
+
+    async def refund(self, spec: PolicySpec, key: str, cost: int) -> None:
+        """Give back ``cost`` units."""
+        self.cache.forget(spec.name, key)
+        await self.limiter.refund(
+            store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm, cost=cost,
+            burst=spec.burst, buckets=spec.buckets,
+        )  # fmt: skip
+
+    async def reset(self, spec: PolicySpec, key: str) -> None:
+        """Forget every counter of ``key`` under the policy."""
+        self.cache.forget(spec.name, key)
+        await self.limiter.reset(
+            store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm,
+            burst=spec.burst, buckets=spec.buckets,
+        )  # fmt: skip
+
+    async def _decide(self, op: str, spec: PolicySpec, key: str, cost: int) -> Result:
+        metrics = self.metrics
+        if not spec.enabled or spec.block:
+            decision = _fixed(spec, self.clock(), allowed=not spec.block)
+            metrics.decision(spec.name, "disabled" if not spec.block else "rejected")
+            return Result(decision, spec.name)
+        now_ms = int(self.clock() * 1000)
+        cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
+        if cached is not None:
+            metrics.decision(spec.name, "shadow_rejected" if spec.shadow else "local_rejected")
+            if spec.shadow:
+                return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
+            return Result(cached, spec.name, local=True)
+        call = self.limiter.hit if op == "hit" else self.limiter.peek
+        decision = await call(
+            store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm, cost=cost,
+            burst=spec.burst, buckets=spec.buckets,
+        )  # fmt: skip
+        if decision.degraded:
+            metrics.decision(spec.name, "degraded")
+            return Result(decision, spec.name)
+        if decision.allowed:
+            metrics.decision(spec.name, "allowed")
+            return Result(decision, spec.name)
+        if self.config.local_cache:
+            self.cache.put(spec.name, key, cost, decision)
+        if spec.shadow:
+            metrics.decision(spec.name, "shadow_rejected")
+            return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
+        metrics.decision(spec.name, "rejected")
+        return Result(decision, spec.name)
+
+    async def should_rate_limit(
+        self, domain: str, descriptors: Sequence[Sequence[tuple[str, str]]], hits: int
+    ) -> list[DescriptorResult]:
+        """Envoy's ShouldRateLimit: one answer per descriptor, in order."""
+        tree = self.config.domains.get(domain)
+        if tree is None:
+            raise BadRequest("domain", f"domain {domain!r} is not configured", 404)
+        out: list[DescriptorResult] = []
+        for entries in descriptors:
+            node = None
+            level = tree
+            for k, v in entries:
+                node = level.get(f"{k}={v}") or level.get(k)
+                if node is None:
+                    break
+                level = node.children
+            if node is None:
+                out.append(DescriptorResult(None))
+            elif node.unlimited:
+                out.append(DescriptorResult(None, unlimited=True))
+            elif node.policy is None:
+                out.append(DescriptorResult(None))
+            else:
+                key = self.check_key(envoy_key(domain, entries), "descriptors")
+                spec = self.spec(node.policy)
+                out.append(DescriptorResult(await self._decide("hit", spec, key, hits)))
+        return out
+
+
+def _fixed(spec: PolicySpec, now: float, allowed: bool) -> Decision:
+    """The answer of a disabled policy (allowed, full) or a blocking one (rejected, empty)."""
+    rate = spec.policy.rates[0]
+    capacity = spec.policy.limits[0].capacity
+    return Decision(
+        allowed,
+        capacity if allowed else 0,
+        capacity if allowed else 0,
+        now + rate.period,
+        0.0 if allowed else math.inf,
+        rate,
+        spec.policy.rates,
+        now,
+    )

@@ -1,0 +1,270 @@
+"""The HTTP JSON API as a plain ASGI application (served by uvicorn; no web framework).
+
+Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.json``)::
+
+    POST /v1/hit /v1/peek /v1/refund      {"policy", "key", "cost"?}
+    POST /v1/reset                        {"policy", "key"}                    admin
+    POST /v1/admin/reload                                                       admin
+    POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
+    GET  /v1/policies   /healthz   /metrics   /openapi.json
+
+Rules: every ``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is
+configured (the admin token is accepted too); admin routes need the admin token, and are
+refused when a token but no admin token is configured. Tokens are compared in constant time.
+A request is validated whole before anything is counted: malformed JSON, unknown fields,
+wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JSON
+``{"error", "field"}`` and change no counter. No client mistake answers 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadRequest
+from .engine import Engine, Result
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY = 64 * 1024
+MAX_COST = 2**31 - 1
+OPENAPI = Path(__file__).with_name("openapi.json")
+log = logging.getLogger("ratekeeper.service")
+
+_JSON = (b"content-type", b"application/json")
+
+
+class HttpApi:
+    """The ASGI callable. ``reload`` is called by ``POST /v1/admin/reload``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        reload: Callable[[], Awaitable[str | None]],
+        health: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.engine = engine
+        self.reload = reload
+        self.health = health
+        self._openapi = OPENAPI.read_bytes()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            status, body, headers = await self._route(scope, receive, path, method)
+        except BadRequest as exc:
+            self.engine.metrics.refused.labels(exc.field).inc()
+            status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
+        except Exception:  # a bug of ours: say so without details, and log it
+            log.exception("unexpected error serving %s %s", method, path)
+            status, body, headers = 500, {"error": "internal error", "field": None}, {}
+        if isinstance(body, bytes):
+            payload = body
+        else:
+            payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        if not any(k == b"content-type" for k, _ in raw):
+            raw.append(_JSON)
+        raw.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _route(
+        self, scope: Scope, receive: Receive, path: str, method: str
+    ) -> tuple[int, Any, dict[str, str]]:
+        if path == "/healthz":
+            _method(method, "GET")
+            info = await self.health()
+            return (200 if info["store"] == "ok" else 503), info, {}
+        if path == "/metrics":
+            _method(method, "GET")
+            return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
+        if path == "/openapi.json":
+            _method(method, "GET")
+            return 200, self._openapi, {}
+        if not path.startswith("/v1/"):
+            raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+        admin = path in ("/v1/reset", "/v1/admin/reload") or path.startswith("/v1/admin/")
+        self._authorize(scope, admin)
+        if path == "/v1/policies":
+            _method(method, "GET")
+            return 200, {"policies": [self._describe(n) for n in self.engine.config.policies]}, {}
+        op = path[4:]
+        if op in ("hit", "peek", "refund", "reset"):
+            _method(method, "POST")
+            fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
+            req = _object(await _body(scope, receive), fields)
+            return await self._decide(op, req)
+        if path == "/v1/admin/reload":
+            _method(method, "POST")
+            await _body(scope, receive)
+            error = await self.reload()
+            if error is not None:
+                return 422, {"reloaded": False, "error": error, "field": "config"}, {}
+            return 200, {"reloaded": True, "files": list(self.engine.config.files)}, {}
+        if path.startswith("/v1/admin/policies/"):
+            _method(method, "POST")
+            req = _object(await _body(scope, receive), {"enabled", "shadow"})
+            name = path[len("/v1/admin/policies/") :]
+            toggles = [_optional_bool(req, f) for f in ("enabled", "shadow")]
+            self.engine.toggle(self.engine.spec(name).name, toggles[0], toggles[1])
+            return 200, self._describe(name), {}
+        raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+
+    async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+        engine = self.engine
+        spec = engine.spec(req.get("policy"))
+        if "key" not in req:
+            raise BadRequest("key", "key is missing; expected a non-empty string")
+        key = engine.check_key(req["key"])
+        cost = req.get("cost", 1)
+        if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+            raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
+        if op == "hit":
+            result = await engine.hit(spec, key, cost)
+        elif op == "peek":
+            result = await engine.peek(spec, key, cost)
+        elif op == "refund":
+            await engine.refund(spec, key, cost)
+            return 200, {"refunded": cost, "policy": spec.name}, {}
+        else:
+            await engine.reset(spec, key)
+            return 200, {"reset": True, "policy": spec.name}, {}
+        return 200, _result_json(result), result.decision.headers(spec.name)
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        spec = self.engine.spec(name)
+        return {
+            "name": spec.name,
+            "rate": spec.rate_text,
+            "rates": [r.code for r in spec.policy.rates],
+            "algorithm": spec.algorithm,
+            "burst": spec.burst,
+            "buckets": spec.buckets,
+            "shadow": spec.shadow,
+            "enabled": spec.enabled,
+        }
+
+    def _authorize(self, scope: Scope, admin: bool) -> None:
+        auth = self.engine.config.auth
+        if not auth.token and not auth.admin_token:
+            return
+        given = b""
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                given = v
+                break
+        scheme, _, token = given.partition(b" ")
+        token = token.strip() if scheme.lower() == b"bearer" else b""
+        if admin:
+            if not auth.admin_token:
+                raise BadRequest("authorization", "admin routes are off: no admin token set", 403)
+            if not _same(token, auth.admin_token):
+                status = 401 if not token else 403
+                raise BadRequest("authorization", "this route needs the admin bearer token", status)
+            return
+        if not (_same(token, auth.token) or _same(token, auth.admin_token)):
+            raise BadRequest("authorization", "missing or wrong bearer token", 401)
+
+
+_PROM = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def check_bearer(given: str, expected: str) -> bool:
+    """Constant-time token check (shared with the gRPC API)."""
+    return _same(given.encode("latin-1", "replace"), expected)
+
+
+def _same(given: bytes, expected: str) -> bool:
+    return bool(expected) and hmac.compare_digest(given, expected.encode())
+
+
+def _result_json(result: Result) -> dict[str, Any]:
+    d = result.decision
+    return {
+        "allowed": d.allowed,
+        "limit": d.limit,
+        "remaining": d.remaining,
+        "reset_at": d.reset_at,
+        "retry_after": d.retry_after if math.isfinite(d.retry_after) else None,
+        "policy": result.policy,
+        "degraded": d.degraded,
+        "shadow": result.shadow,
+    }
+
+
+def _method(method: str, expected: str) -> None:
+    if method != expected:
+        raise BadRequest("method", f"method {method} is not allowed here; use {expected}", 405)
+
+
+async def _body(scope: Scope, receive: Receive) -> bytes:
+    for k, v in scope["headers"]:
+        if k == b"content-length":
+            if not v.isdigit():
+                raise BadRequest("body", f"content-length {v!r} is invalid", 400)
+            if int(v) > MAX_BODY:
+                raise BadRequest("body", f"body is {int(v)} bytes; the limit is {MAX_BODY}", 413)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("body", "the client went away before sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BadRequest("body", f"body is over the limit of {MAX_BODY} bytes", 413)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
+    if not raw.strip():
+        raise BadRequest("body", "the body is empty; expected a JSON object")
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
+    for name in value:
+        if name not in fields:
+            raise BadRequest(name, f"unknown field {name!r}; expected {', '.join(sorted(fields))}")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _optional_bool(req: dict[str, Any], name: str) -> bool | None:
+    value = req.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(name, f"{name} {value!r} is invalid; expected true or false")
+    return value
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,238 @@
+"""Running the service: build the store, limiter and engine from a config, serve HTTP (uvicorn)
+and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/admin/reload``.
+
+A reload reads the config files again; if they are invalid the running config stays, the
+error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
+keeps the store (its counters) but not a change of store: that needs a restart, and a reload
+that asks for one is refused as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import uvicorn
+
+from ..clock import Clock
+from ..errors import ConfigError
+from ..limiter import AsyncLimiter
+from ..stores.base import AsyncStore
+from ..stores.cluster import RedisClusterStore
+from ..stores.memory import MemoryStore
+from ..stores.redis import RedisStore
+from ..stores.sharded import Shard, ShardedRedisStore
+from . import config as config_mod
+from .batching import Batcher, RedisPipeline, ShardedBatcher
+from .engine import Engine
+from .grpc_rls import handler
+from .http import HttpApi
+from .metrics import InstrumentedPartitionedStore, InstrumentedStore, Metrics
+
+log = logging.getLogger("ratekeeper.service")
+HEALTH_KEY = "ratekeeper:healthz"
+"""The key ``/healthz`` peeks at (outside every policy's namespace: those start with a length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Where to listen and what to read."""
+
+    config_files: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    grpc_port: int | None = 8081
+    """None: no gRPC listener."""
+
+
+def build_store(settings: config_mod.StoreSettings, metrics: Metrics) -> AsyncStore:
+    """The store a config asks for, instrumented; a single Redis is batched unless told not."""
+    s = settings
+    if s.kind == "memory":
+        return InstrumentedStore(MemoryStore(max_keys=s.max_keys), metrics)
+    if s.kind == "redis":
+        store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        if s.batch and store.async_client is not None:
+            pipeline = RedisPipeline(store.async_client, s.prefix)
+            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000)
+        return InstrumentedStore(store, metrics)
+    if s.kind == "sharded":
+        shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
+        sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        if s.batch:
+            wait = s.batch_max_wait_ms / 1000
+            return ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
+        return InstrumentedPartitionedStore(sharded, metrics)
+    if s.kind == "cluster":
+        cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        return InstrumentedStore(cluster, metrics)
+    raise ConfigError(f"store kind {s.kind!r} is unknown")
+
+
+class Service:
+    """One running service: config, engine and the reload logic."""
+
+    def __init__(self, options: ServeOptions, clock: Clock = time.time) -> None:
+        self.options = options
+        self.config = config_mod.load(options.config_files)
+        self.metrics = Metrics()
+        self.metrics.policies.set(len(self.config.policies))
+        self.store = build_store(self.config.store, self.metrics)
+        limiter = AsyncLimiter(self.store, clock=clock)
+        self.engine = Engine(self.config, limiter, self.metrics, clock)
+        self.api = HttpApi(self.engine, self.reload, self.health)
+        self._reload_lock = asyncio.Lock()
+
+    async def reload(self) -> str | None:
+        """Re-read the config files; on error keep the running config and return why."""
+        async with self._reload_lock:
+            try:
+                new = config_mod.load(self.options.config_files)
+                if new.store != self.config.store:
+                    raise ConfigError("the store changed; a new store needs a restart")
+            except ConfigError as exc:
+                self.metrics.reloads.labels("error").inc()
+                log.error("config reload failed, keeping the running config: %s", exc)
+                return str(exc)
+            self.config = new
+            self.engine.swap(new)
+            self.metrics.reloads.labels("ok").inc()
+            self.metrics.policies.set(len(new.policies))
+            log.warning("config reloaded from %s", ", ".join(new.files))
+            return None
+
+    async def health(self) -> dict[str, Any]:
+        """Store reachability (a real read-only call) and the limiter's failure counters."""
+        limiter = self.engine.limiter
+        probe = await limiter.peek(HEALTH_KEY, "1/second")
+        stats = limiter.stats()
+        store_ok = not probe.degraded
+        return {
+            "store": "ok" if store_ok else "unavailable",
+            "store_kind": self.config.store.kind,
+            "degraded_decisions": stats["degraded"],
+            "store_errors": stats["store_errors"],
+            "breaker": stats["breaker"],
+            "policies": len(self.config.policies),
+        }
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Serve until SIGINT/SIGTERM."""
+        opts = self.options
+        loop = asyncio.get_running_loop()
+        sock = _listen(opts.host, opts.port)  # first, so a busy port fails cleanly
+        grpc_server = None
+        grpc_port = None
+        if opts.grpc_port is not None:
+            # no SO_REUSEPORT: a second service on the same port must fail, not share it
+            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+            grpc_server.add_generic_rpc_handlers((handler(self.engine),))
+            where = f"{_host(opts.host)}:{opts.grpc_port}"
+            try:
+                grpc_port = grpc_server.add_insecure_port(where)
+            except RuntimeError as exc:
+                sock.close()
+                raise ConfigError(
+                    f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
+                ) from None
+            await grpc_server.start()
+        uv_config = uvicorn.Config(
+            self.api,
+            host=opts.host,
+            port=opts.port,
+            loop="none",
+            http="httptools" if _has("httptools") else "h11",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+        )
+        server = uvicorn.Server(uv_config)
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            http_port = server.servers[0].sockets[0].getsockname()[1]
+            where = f"ratekeeper serving HTTP on http://{opts.host}:{http_port}"
+            if grpc_port is not None:
+                where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
+            print(where, f"[store: {self.config.store.kind}]", flush=True)
+            print("config: " + ", ".join(self.config.files), flush=True)
+            if ready is not None:
+                ready.set()
+        try:
+            await task
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=1.0)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen for HTTP on {host}:{port} (--host): {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen for HTTP on {host}:{port} (--port): {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def serve(options: ServeOptions) -> int:
+    """Build and run the service (on uvloop when installed); return the process exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+
+    async def main() -> None:
+        await Service(options).run()
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+    except ConfigError as exc:
+        print(f"ratekeeper serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

@@ -1,0 +1,159 @@
+"""Request coalescing: concurrent plans share store calls, each gets its own answer; on a real
+Redis the pipeline decides exactly as one EVALSHA per plan does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+import redis
+import redis.asyncio
+
+from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore, StoreUnavailable
+from ratekeeper.errors import ConfigError
+from ratekeeper.plan import Plan
+from ratekeeper.service.batching import Batcher, RedisPipeline, Reply
+from ratekeeper.service.metrics import Metrics
+
+
+class MemoryMany:
+    """``execute_many`` over a memory store, recording batch sizes; can fail chosen keys."""
+
+    def __init__(self, fail_keys: frozenset[str] = frozenset()) -> None:
+        self.store = MemoryStore()
+        self.sizes: list[int] = []
+        self.fail_keys = fail_keys
+
+    async def __call__(self, plans: Sequence[Plan]) -> list[Reply]:
+        self.sizes.append(len(plans))
+        await asyncio.sleep(0.002)  # a round trip: later arrivals queue meanwhile
+        return [
+            StoreUnavailable(f"down for {p.key}")
+            if p.key in self.fail_keys
+            else self.store.execute(p)
+            for p in plans
+        ]
+
+
+async def flood(limiter: AsyncLimiter, keys: list[str]) -> list[bool]:
+    decisions = await asyncio.gather(*(limiter.hit(k, "3/minute") for k in keys))
+    return [d.allowed for d in decisions]
+
+
+def test_concurrent_plans_share_batches_and_keep_their_own_results() -> None:
+    many = MemoryMany()
+    metrics = Metrics()
+    batcher = Batcher(many, metrics, max_size=16)
+    limiter = AsyncLimiter(batcher, clock=ManualClock())
+    keys = [f"k{i % 10}" for i in range(100)]  # ten keys, ten hits each
+    allowed = asyncio.run(flood(limiter, keys))
+    for i in range(10):
+        mine = [a for k, a in zip(keys, allowed, strict=True) if k == f"k{i}"]
+        assert mine == [True] * 3 + [False] * 7
+    assert sum(many.sizes) == 100
+    assert max(many.sizes) <= 16 and len(many.sizes) < 100
+    assert "ratekeeper_batch_size_count" in metrics.exposition().decode()
+
+
+def test_one_failing_plan_fails_no_other() -> None:
+    many = MemoryMany(frozenset({"bad"}))
+    limiter = AsyncLimiter(Batcher(many), clock=ManualClock())
+
+    async def go() -> list[bool]:
+        ds = await asyncio.gather(*(limiter.hit(k, "3/minute") for k in ["a", "bad", "b"]))
+        return [d.degraded for d in ds]
+
+    assert asyncio.run(go()) == [False, True, False]
+
+
+def test_an_idle_batcher_sends_at_once() -> None:
+    many = MemoryMany()
+    limiter = AsyncLimiter(Batcher(many, max_wait=0.05), clock=ManualClock())
+
+    async def go() -> None:
+        for _ in range(3):
+            await limiter.hit("solo", "3/minute")
+
+    asyncio.run(go())
+    assert many.sizes == [1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_size": 0}, "max_size=0"), ({"max_wait": 1.0}, "max_wait=1.0")],
+)
+def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Batcher(MemoryMany(), **kwargs)  # type: ignore[arg-type]
+
+
+def commandstats(url: str) -> dict[str, int]:
+    info = redis.Redis.from_url(url).info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "token_bucket", "sliding_window", "gcra"])
+def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: str) -> None:
+    Answers = list[list[tuple[str, bool, int, float]]]
+
+    async def run(store: object) -> Answers:
+        clock = ManualClock(1_800_000_000.0)
+        limiter = AsyncLimiter(store, clock=clock)  # type: ignore[arg-type]
+        out = []
+        for step in range(3):
+            keys = [f"k{i % 3}" for i in range(12)]
+            ds = await asyncio.gather(
+                *(limiter.hit(k, "5/minute", algorithm=algorithm) for k in keys)
+            )
+            # concurrent hits on one key may land in any order: compare each key's answers as a set
+            out.append(
+                sorted(
+                    (k, d.allowed, d.remaining, d.retry_after)
+                    for k, d in zip(keys, ds, strict=True)
+                )
+            )
+            clock.advance(7 + step)
+        return out
+
+    async def both() -> tuple[Answers, Answers]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        batched = await run(Batcher(RedisPipeline(client, "b")))
+        single = await run(RedisStore(redis_url, prefix="s"))
+        await client.aclose()
+        return batched, single
+
+    batched, single = asyncio.run(both())
+    assert batched == single
+
+
+def test_pipeline_round_trips_and_noscript(redis_url: str) -> None:
+    async def go() -> tuple[int, int]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pipeline = RedisPipeline(client)
+        limiter = AsyncLimiter(Batcher(pipeline), clock=ManualClock())
+        first = await asyncio.gather(*(limiter.hit(f"u{i}", "2/minute") for i in range(64)))
+        assert all(d.allowed and not d.degraded for d in first)
+        await client.script_flush()  # the next batch meets NOSCRIPT and falls back to EVAL
+        second = await asyncio.gather(*(limiter.hit(f"u{i}", "2/minute") for i in range(64)))
+        assert all(d.allowed and d.remaining == 0 and not d.degraded for d in second)
+        third = await asyncio.gather(*(limiter.hit(f"u{i}", "2/minute") for i in range(64)))
+        assert not any(d.allowed for d in third)
+        await client.aclose()
+        return pipeline.round_trips, 3 * 64
+
+    trips, plans = asyncio.run(go())
+    assert trips < plans
+    assert commandstats(redis_url).get("eval", 0) >= 1
+
+
+def test_an_unsendable_plan_fails_alone(redis_url: str) -> None:
+    async def go() -> list[bool]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        limiter = AsyncLimiter(Batcher(RedisPipeline(client)), clock=ManualClock())
+        keys = ["fine", "bad\ud800", "also fine"]
+        ds = await asyncio.gather(*(limiter.hit(k, "3/minute") for k in keys))
+        await client.aclose()
+        return [d.degraded for d in ds]
+
+    assert asyncio.run(go()) == [False, True, False]

@@ -1,0 +1,229 @@
+"""Config files: our format and Envoy's, errors naming file and line, and the JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from ratekeeper import ConfigError, Rate
+from ratekeeper.service import config
+
+SCHEMA = json.loads(Path(config.__file__).with_name("schema.json").read_text())
+
+OURS = """\
+store: memory
+auth:
+  token: aaaaaaaaaaaaaaaaaaaa
+limits:
+  max_key_length: 64
+policies:
+  api.core:
+    rate: 100/minute
+    algorithm: sliding_window
+    buckets: 4
+  stacked:
+    rate: [2/second, 30/minute]
+  bucket:
+    rate: 10/minute
+    algorithm: token_bucket
+    burst: 20
+    shadow: true
+  off:
+    rate: 1/hour
+    enabled: false
+"""
+
+ENVOY = """\
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+    shadow_mode: true
+  - key: client_id
+    descriptors:
+      - key: path
+        rate_limit: {unit: MINUTE, requests_per_unit: 10}
+      - key: plan
+        value: internal
+        unlimited: true
+  - key: blocked
+    rate_limit: {unit: day, requests_per_unit: 0}
+"""
+
+
+def test_our_format() -> None:
+    cfg = config.parse_text(OURS)
+    assert cfg.store.kind == "memory"
+    assert cfg.auth.token == "a" * 20
+    assert cfg.max_key_length == 64
+    core = cfg.policies["api.core"]
+    assert core.policy.rates == (Rate(100, 60.0),)
+    assert core.algorithm == "sliding_window" and core.buckets == 4
+    assert cfg.policies["stacked"].policy.rates == (Rate(2, 1.0), Rate(30, 60.0))
+    assert cfg.policies["bucket"].shadow and cfg.policies["bucket"].burst == 20
+    assert not cfg.policies["off"].enabled
+
+
+def test_envoy_format_as_is() -> None:
+    cfg = config.parse_text(ENVOY)
+    tree = cfg.domains["mongo_cps"]
+    users = tree["database=users"]
+    assert users.policy is not None
+    assert cfg.policies[users.policy].policy.rates == (Rate(500, 1.0),)
+    assert cfg.policies[tree["database=default"].policy or ""].shadow
+    nested = tree["client_id"].children
+    assert cfg.policies[nested["path"].policy or ""].policy.rates == (Rate(10, 60.0),)
+    assert nested["plan=internal"].unlimited and nested["plan=internal"].policy is None
+    assert tree["client_id"].policy is None
+    assert cfg.policies[tree["blocked"].policy or ""].block
+
+
+STORES = [
+    ("store: memory\n", "memory"),
+    ("store: redis://127.0.0.1:6379/0\n", "redis"),
+    ("store:\n  url: redis://h:1/0\n  batch: {max_size: 64, max_wait_ms: 0.5}\n", "redis"),
+    ("store:\n  shards:\n    - redis://a:1/0\n    - url: redis://b:1/0\n      replicas: "
+     "[redis://c:1/0]\n      name: b\n", "sharded"),
+    ("store:\n  cluster: redis://n:7000\n  batch: false\n", "cluster"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "kind"), STORES)
+def test_stores(text: str, kind: str) -> None:
+    cfg = config.parse_text(text)
+    assert cfg.store.kind == kind
+    jsonschema.validate(yaml.safe_load(text), SCHEMA)
+
+
+def test_store_details() -> None:
+    batched = config.parse_text(STORES[2][0]).store
+    assert batched.batch and batched.batch_max_size == 64 and batched.batch_max_wait_ms == 0.5
+    sharded = config.parse_text(STORES[3][0]).store
+    assert sharded.shards[1] == config.ShardSettings("redis://b:1/0", ("redis://c:1/0",), "b")
+    assert not config.parse_text(STORES[4][0]).store.batch
+
+
+def test_files_merge_and_a_descriptor_can_name_a_policy(tmp_path: Path) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text("policies:\n  shared:\n    rate: 5/minute\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("domain: d\ndescriptors:\n  - key: k\n    policy: shared\n")
+    cfg = config.load([str(a), str(b)], env={})
+    assert cfg.domains["d"]["k"].policy == "shared"
+
+
+def test_tokens_from_environment(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("auth:\n  token_env: MY_TOKEN\npolicies: {}\n")
+    cfg = config.load([str(f)], env={"MY_TOKEN": "t" * 32, "RATEKEEPER_ADMIN_TOKEN": "b" * 16})
+    assert cfg.auth.token == "t" * 32 and cfg.auth.admin_token == "b" * 16
+    with pytest.raises(ConfigError, match=r"c.yaml:2: auth.token_env names 'MY_TOKEN'"):
+        config.load([str(f)], env={})
+    with pytest.raises(ConfigError, match="environment variable RATEKEEPER_TOKEN must be"):
+        config.load([str(f)], env={"RATEKEEPER_TOKEN": "short", "MY_TOKEN": "t" * 32})
+
+
+BAD = [
+    ("policies:\n  a:\n    rate: 100/fortnight\n", 3, "unit 'fortnight'"),
+    ("policies:\n  a:\n    rate: 10/minute\n    algorithm: leaky\n", 4, "algorithm 'leaky'"),
+    ("policies:\n  a:\n    rate: 10/minute\n    burst: 5\n", 3, "does not apply"),
+    ("policies:\n  a:\n    algorithm: gcra\n", 3, "has no 'rate'"),
+    ("policies:\n  a:\n    rate: 1/s\n    shadow: yes please\n", 4, "shadow 'yes please'"),
+    ("policies:\n  a:\n    rate: 1/s\n    colour: red\n", 4, "unknown key 'colour'"),
+    ("policies:\n  a:\n    rate: 1/s\n  a:\n    rate: 2/s\n", 4, "appears twice"),
+    ("policies:\n  'bad name':\n    rate: 1/s\n", 2, "policy name 'bad name'"),
+    ("store: memcached://x\n", 1, "store 'memcached://x'"),
+    ("store:\n  url: redis://a/0\n  cluster: redis://b\n", 3, "one of url, shards or cluster"),
+    ("store:\n  shards: []\n", 2, "store.shards is empty"),
+    ("store:\n  shards:\n    - url: http://x\n", 3, "shard url 'http://x'"),
+    ("store:\n  url: redis://a/0\n  batch: {max_wait_ms: 500}\n", 3, "max_wait_ms 500"),
+    ("limits:\n  max_key_length: 0\n", 2, "max_key_length 0"),
+    ("auth:\n  token: short\n", 2, "at least 16"),
+    ("policies: [1, 2]\n", 1, "policies must be a mapping"),
+    ("policies:\n  a: {rate: 1/s\n", 3, "invalid YAML"),
+    ("", 1, "the file is empty"),
+    ("domain: d\ndescriptors:\n  - value: x\n", 3, "descriptor key None"),
+    (
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, "
+        "requests_per_unit: 1}\n",
+        4,
+        "unit 'fortnight'",
+    ),
+    (
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n"
+        "      requests_per_unit: -1\n",
+        6,
+        "requests_per_unit -1",
+    ),
+    ("domain: d\ndescriptors:\n  - key: k\n    policy: nowhere\n", 4, "policy 'nowhere'"),
+    (
+        "domain: d\ndescriptors:\n  - key: k\n    unlimited: true\n    rate_limit: "
+        "{unit: second, requests_per_unit: 1}\n",
+        3,
+        "both 'unlimited'",
+    ),
+    ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", 4, "'k' appears twice"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "message"), BAD)
+def test_errors_name_file_line_and_problem(tmp_path: Path, text: str, line: int, message: str):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load([str(f)], env={})
+    assert str(info.value).startswith(f"{f}:{line}: "), str(info.value)
+    assert message in str(info.value)
+
+
+def test_duplicates_across_files_name_the_first_file(tmp_path: Path) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text("domain: d\ndescriptors: []\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("domain: d\ndescriptors: []\n")
+    with pytest.raises(ConfigError, match=r"b.yaml:1: domain 'd' is already defined in .*a.yaml"):
+        config.load([str(a), str(b)], env={})
+
+
+def test_unreadable_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing.yaml: cannot read"):
+        config.load([str(tmp_path / "missing.yaml")], env={})
+
+
+@pytest.mark.parametrize("text", [OURS, ENVOY, config.EXAMPLE.read_text()])
+def test_accepted_configs_match_the_schema(text: str) -> None:
+    jsonschema.validate(yaml.safe_load(text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "policies:\n  a:\n    rate: 1/s\n    colour: red\n",
+        "policies:\n  a:\n    algorithm: gcra\n",
+        "store: {url: memory, extra: 1}\n",
+        "domain: d\ndescriptors:\n  - value: x\n",
+    ],
+)
+def test_refused_configs_fail_the_schema(text: str) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(yaml.safe_load(text), SCHEMA)
+    with pytest.raises(ConfigError):
+        config.parse_text(text)
+
+
+def test_example_loads_without_arguments() -> None:
+    cfg = config.load([], env={})
+    assert cfg.files == (str(config.EXAMPLE),)
+    assert "api.core" in cfg.policies and "edge" in cfg.domains

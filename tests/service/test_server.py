@@ -1,0 +1,368 @@
+"""``ratekeeper serve`` as a real process on free ports: HTTP via httpx, gRPC via the stub
+generated from our rls.proto, auth, bad input, reloads and metrics."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import jsonschema
+import pytest
+
+from ratekeeper.service.proto import rls_pb2 as pb
+from ratekeeper.service.proto import rls_pb2_grpc as pb_grpc
+from tests.service.proc import ServiceProcess, run_serve
+
+TOKEN = "client-token-0123456789"
+ADMIN = "admin-token-0123456789"
+
+CONFIG = f"""\
+auth:
+  token: {TOKEN}
+  admin_token: {ADMIN}
+limits:
+  max_key_length: 32
+policies:
+  three:
+    rate: 3/hour
+  stacked:
+    rate: 2/hour; 10/day
+  shadowed:
+    rate: 1/hour
+    shadow: true
+domains:
+  - domain: edge
+    descriptors:
+      - key: ip
+        rate_limit: {{unit: hour, requests_per_unit: 2}}
+      - key: plan
+        value: internal
+        unlimited: true
+"""
+
+USER = {"Authorization": f"Bearer {TOKEN}"}
+ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("svc") / "ratekeeper.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def service(config_file: Path) -> Iterator[ServiceProcess]:
+    proc = ServiceProcess(config_file)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def http(service: ServiceProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service.url, headers=USER, timeout=10) as client:
+        yield client
+
+
+def test_hit_peek_refund_reset(http: httpx.Client) -> None:
+    body = {"policy": "three", "key": "hit-user"}
+    answers = [http.post("/v1/hit", json=body) for _ in range(4)]
+    assert [r.status_code for r in answers] == [200] * 4
+    assert [r.json()["allowed"] for r in answers] == [True, True, True, False]
+    first, last = answers[0].json(), answers[-1].json()
+    assert first["limit"] == 3 and first["remaining"] == 2 and first["policy"] == "three"
+    assert first["retry_after"] == 0 and first["reset_at"] > time.time()
+    assert last["remaining"] == 0 and 0 < last["retry_after"] <= 3600
+    assert answers[0].headers["X-RateLimit-Remaining"] == "2"
+    assert answers[-1].headers["Retry-After"] == str(int(-(-last["retry_after"] // 1)))
+    assert http.post("/v1/peek", json=body).json()["allowed"] is False
+    assert http.post("/v1/refund", json={**body, "cost": 2}).json()["refunded"] == 2
+    peek = http.post("/v1/peek", json={**body, "cost": 2}).json()
+    assert peek["allowed"] and peek["remaining"] == 2
+    assert http.post("/v1/reset", json=body).status_code == 403  # reset is an admin route
+    assert http.post("/v1/reset", json=body, headers=ADMIN_H).json()["reset"] is True
+    assert http.post("/v1/hit", json={**body, "cost": 3}).json()["remaining"] == 0
+
+
+def test_stacked_and_shadow(http: httpx.Client) -> None:
+    stacked = [
+        http.post("/v1/hit", json={"policy": "stacked", "key": "s"}).json() for _ in range(3)
+    ]
+    assert [s["allowed"] for s in stacked] == [True, True, False]
+    shadow = [
+        http.post("/v1/hit", json={"policy": "shadowed", "key": "s"}).json() for _ in range(2)
+    ]
+    assert [s["allowed"] for s in shadow] == [True, True]
+    assert [s["shadow"] for s in shadow] == [False, True]
+
+
+def test_auth(service: ServiceProcess, http: httpx.Client) -> None:
+    body = {"policy": "three", "key": "auth-user"}
+    with httpx.Client(base_url=service.url, timeout=10) as anon:
+        assert anon.post("/v1/hit", json=body).status_code == 401
+        wrong = anon.post("/v1/hit", json=body, headers={"Authorization": f"Bearer {TOKEN}x"})
+        assert wrong.status_code == 401 and wrong.json()["field"] == "authorization"
+        basic = anon.post("/v1/hit", json=body, headers={"Authorization": f"Basic {TOKEN}"})
+        assert basic.status_code == 401
+        assert anon.get("/v1/policies").status_code == 401
+        assert anon.get("/healthz").status_code == 200  # health and metrics are open
+        assert anon.get("/metrics").status_code == 200
+        assert anon.post("/v1/hit", json=body, headers=ADMIN_H).status_code == 200
+        assert anon.post("/v1/admin/reload").status_code == 401
+        assert anon.post("/v1/admin/reload", headers=USER).status_code == 403
+    assert http.post("/v1/peek", json=body).json()["remaining"] == 2  # only the admin's hit
+
+
+BAD_INPUT = [
+    (b"{not json", "body", 400),
+    (b"[1, 2]", "body", 400),
+    (b"", "body", 400),
+    (b'{"policy": "three", "key": "bad", "cost": NaN}', "body", 400),
+    (b'{"policy": "nope", "key": "bad"}', "policy", 404),
+    (b'{"policy": 7, "key": "bad"}', "policy", 400),
+    (b'{"key": "bad"}', "policy", 400),
+    (b'{"policy": "three"}', "key", 400),
+    (b'{"policy": "three", "key": ""}', "key", 400),
+    (b'{"policy": "three", "key": ["bad"]}', "key", 400),
+    (b'{"policy": "three", "key": "' + b"k" * 33 + b'"}', "key", 400),
+    (b'{"policy": "three", "key": "\\ud800"}', "key", 400),
+    (b'{"policy": "three", "key": "bad", "cost": "2"}', "cost", 400),
+    (b'{"policy": "three", "key": "bad", "cost": 0}', "cost", 400),
+    (b'{"policy": "three", "key": "bad", "cost": 1.5}', "cost", 400),
+    (b'{"policy": "three", "key": "bad", "cost": true}', "cost", 400),
+    (b'{"policy": "three", "key": "bad", "extra": 1}', "extra", 400),
+    (b'{"policy": "three", "key": "bad", "pad": "' + b"x" * 70_000 + b'"}', "body", 413),
+]
+
+
+@pytest.mark.parametrize(("raw", "field", "status"), BAD_INPUT)
+def test_bad_input_is_4xx_naming_the_field_and_counts_nothing(
+    http: httpx.Client, raw: bytes, field: str, status: int
+) -> None:
+    before = http.post("/v1/peek", json={"policy": "three", "key": "bad"}).json()["remaining"]
+    for path in ("/v1/hit", "/v1/refund"):
+        r = http.post(path, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        assert r.json()["field"] == field and r.json()["error"]
+    after = http.post("/v1/peek", json={"policy": "three", "key": "bad"}).json()["remaining"]
+    assert before == after == 3
+
+
+def test_routes_and_methods(http: httpx.Client) -> None:
+    assert http.get("/v1/hit").status_code == 405
+    assert http.get("/v1/nothing").status_code == 404
+    assert http.get("/nothing").json()["field"] == "path"
+    names = {p["name"] for p in http.get("/v1/policies").json()["policies"]}
+    assert {"three", "stacked", "shadowed", "edge/ip"} <= names
+    spec = http.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.") and "/v1/hit" in spec["paths"]
+
+
+def test_answers_match_the_openapi_document(http: httpx.Client) -> None:
+    doc = http.get("/openapi.json").json()
+
+    def check(value: object, name: str) -> None:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+        jsonschema.validate(value, schema)
+
+    hit = http.post("/v1/hit", json={"policy": "stacked", "key": "openapi"}).json()
+    check(hit, "Decision")
+    for _ in range(3):
+        over = http.post("/v1/hit", json={"policy": "stacked", "key": "openapi"}).json()
+    check(over, "Decision")
+    check(http.post("/v1/hit", json={"policy": "nope", "key": "k"}).json(), "Error")
+    check(http.get("/healthz").json(), "Health")
+    for policy in http.get("/v1/policies").json()["policies"]:
+        check(policy, "Policy")
+    with pytest.raises(jsonschema.ValidationError):
+        check({"allowed": "yes"}, "Decision")
+
+
+def test_kill_switch_toggle(http: httpx.Client) -> None:
+    url = "/v1/admin/policies/three"
+    assert http.post(url, json={"enabled": False}).status_code == 403
+    r = http.post(url, json={"enabled": False}, headers=ADMIN_H)
+    assert r.json()["enabled"] is False
+    results = [http.post("/v1/hit", json={"policy": "three", "key": "ks"}) for _ in range(5)]
+    assert all(r.json()["allowed"] for r in results)
+    assert http.post(url, json={"enabled": "no"}, headers=ADMIN_H).json()["field"] == "enabled"
+    http.post(url, json={"enabled": True}, headers=ADMIN_H)
+    assert http.post("/v1/peek", json={"policy": "three", "key": "ks"}).json()["remaining"] == 3
+
+
+def test_metrics_content(http: httpx.Client) -> None:
+    for _ in range(4):
+        http.post("/v1/hit", json={"policy": "three", "key": "metrics-user"})
+    http.post("/v1/hit", json={"policy": "nope", "key": "m"})
+    text = http.get("/metrics").text
+    assert 'ratekeeper_decisions_total{outcome="allowed",policy="three"}' in text
+    assert 'ratekeeper_decisions_total{outcome="rejected",policy="three"}' in text
+    assert 'ratekeeper_requests_refused_total{reason="policy"}' in text
+    assert "ratekeeper_store_latency_seconds_bucket" in text
+    assert "ratekeeper_store_errors_total 0.0" in text
+    assert "ratekeeper_policies 4.0" in text or "ratekeeper_policies 5.0" in text
+
+
+def grpc_call(service: ServiceProcess, request: pb.RateLimitRequest) -> pb.RateLimitResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = pb_grpc.RateLimitServiceStub(channel)
+        response: pb.RateLimitResponse = stub.ShouldRateLimit(request, timeout=10)
+        return response
+
+
+def descriptor(*entries: tuple[str, str]) -> pb.RateLimitDescriptor:
+    return pb.RateLimitDescriptor(
+        entries=[pb.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+    )
+
+
+def test_grpc_should_rate_limit(service: ServiceProcess) -> None:
+    OK, OVER = pb.RateLimitResponse.OK, pb.RateLimitResponse.OVER_LIMIT
+    req = pb.RateLimitRequest(
+        domain="edge",
+        descriptors=[descriptor(("ip", "1.2.3.4")), descriptor(("plan", "internal"))],
+    )
+    first = grpc_call(service, req)
+    assert first.overall_code == OK
+    ip, internal = first.statuses
+    assert ip.code == OK and ip.limit_remaining == 1
+    assert ip.current_limit.requests_per_unit == 2
+    assert ip.current_limit.unit == pb.RateLimitResponse.RateLimit.HOUR
+    assert ip.current_limit.name == "edge/ip"
+    assert 0 < ip.duration_until_reset.seconds <= 3600
+    assert internal.code == OK and not internal.HasField("current_limit")
+    headers = {h.key: h.value for h in first.response_headers_to_add}
+    assert headers["X-RateLimit-Limit"] == "2" and headers["X-RateLimit-Remaining"] == "1"
+    second = grpc_call(
+        service, pb.RateLimitRequest(domain="edge", descriptors=req.descriptors, hits_addend=2)
+    )
+    assert second.overall_code == OVER
+    assert [s.code for s in second.statuses] == [OVER, OK]
+    assert "Retry-After" in {h.key for h in second.response_headers_to_add}
+    other = grpc_call(
+        service, pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "5.6.7.8"))])
+    )
+    assert other.overall_code == OK  # each value of a key-only descriptor has its own counter
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.RateLimitRequest(domain="", descriptors=[descriptor(("ip", "x"))]),
+        pb.RateLimitRequest(domain="missing", descriptors=[descriptor(("ip", "x"))]),
+        pb.RateLimitRequest(domain="edge"),
+        pb.RateLimitRequest(domain="edge", descriptors=[pb.RateLimitDescriptor()]),
+        pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "x" * 40))]),
+    ],
+)
+def test_grpc_bad_input_is_invalid_argument(
+    service: ServiceProcess, request_: pb.RateLimitRequest
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_call(service, request_)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_reload_keeps_old_config_on_error(tmp_path: Path) -> None:
+    path = tmp_path / "reload.yaml"
+    path.write_text("policies:\n  one:\n    rate: 1/hour\n")
+    proc = ServiceProcess(path, grpc=False)
+    try:
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            assert http.post("/v1/hit", json={"policy": "one", "key": "r"}).json()["allowed"]
+            path.write_text("policies:\n  one:\n    rate: 1/fortnight\n")
+            r = http.post("/v1/admin/reload")
+            assert r.status_code == 422 and r.json()["reloaded"] is False
+            assert r.json()["error"].startswith(f"{path}:3: ")
+            hit = http.post("/v1/hit", json={"policy": "one", "key": "r"}).json()
+            assert hit["allowed"] is False  # the old config (and its counters) still run
+            path.write_text("policies:\n  one:\n    rate: 5/hour\n  two:\n    rate: 1/hour\n")
+            assert http.post("/v1/admin/reload").json()["reloaded"] is True
+            assert http.post("/v1/hit", json={"policy": "two", "key": "r"}).json()["allowed"]
+            path.write_text("policies:\n  three:\n    rate: 1/hour\n")
+            proc.signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if http.post("/v1/peek", json={"policy": "three", "key": "r"}).status_code == 200:
+                    break
+                time.sleep(0.05)
+            assert http.post("/v1/hit", json={"policy": "two", "key": "r"}).status_code == 404
+            path.write_text("policies: [")
+            proc.signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            text = ""
+            while time.monotonic() < deadline and 'result="error"} 2.0' not in text:
+                text = http.get("/metrics").text
+                time.sleep(0.05)
+            assert 'ratekeeper_config_reloads_total{result="error"} 2.0' in text
+            assert http.post("/v1/peek", json={"policy": "three", "key": "r"}).status_code == 200
+    finally:
+        stderr = proc.stop()
+    assert "keeping the running config" in stderr
+
+
+def test_invalid_config_refused_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("policies:\n  a:\n    rate: 10/minute\n    algorithm: leaky\n")
+    out = run_serve("--config", str(path), "--port", "0", "--no-grpc")
+    assert out.returncode == 2
+    assert f"{path}:4: algorithm 'leaky' is unknown" in out.stderr
+
+
+def test_no_arguments_serves_the_example() -> None:
+    proc = ServiceProcess(grpc=True)
+    try:
+        assert proc.banner.startswith("ratekeeper serving HTTP on http://127.0.0.1:")
+        assert "[store: memory]" in proc.banner
+        assert proc.grpc_port is not None
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            r = http.post("/v1/hit", json={"policy": "api.core", "key": "x"})
+            assert r.status_code == 200 and r.json()["limit"] == 100
+            assert http.get("/healthz").json()["store"] == "ok"
+    finally:
+        proc.stop()
+
+
+def test_grpc_token_when_required(tmp_path: Path) -> None:
+    path = tmp_path / "grpc-auth.yaml"
+    path.write_text(
+        CONFIG.replace(f"  admin_token: {ADMIN}\n", f"  admin_token: {ADMIN}\n  grpc: true\n")
+    )
+    proc = ServiceProcess(path)
+    try:
+        req = pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "9.9.9.9"))])
+        with grpc.insecure_channel(f"127.0.0.1:{proc.grpc_port}") as channel:
+            stub = pb_grpc.RateLimitServiceStub(channel)
+            for metadata in [(), (("authorization", f"Bearer {TOKEN}x"),)]:
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.ShouldRateLimit(req, timeout=10, metadata=metadata)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.ShouldRateLimit(
+                req, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
+            )
+            assert ok.overall_code == pb.RateLimitResponse.OK
+            assert ok.statuses[0].limit_remaining == 1  # the refused calls counted nothing
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_a_busy_port_is_refused_cleanly(flag: str) -> None:
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        other = "--grpc-port" if flag == "--port" else "--port"
+        out = run_serve(flag, port, other, "0")
+    assert out.returncode == 2
+    assert (
+        f"cannot listen for {'HTTP' if flag == '--port' else 'gRPC'} on 127.0.0.1:{port}"
+        in out.stderr
+    )
+    assert "Traceback" not in out.stderr
