@@ -126,3 +126,9 @@ def test_any_text_parses_or_raises_rate_spec_error(text: str) -> None:
     except RateSpecError:
         return
     assert rates and all(isinstance(r, Rate) for r in rates)
+
+
+@pytest.mark.parametrize("period", [0.001, 1.5, 7.25, 30.0, 90.0, 5400.0, 86_400.0, 172_800.0])
+def test_code_parses_back_to_the_same_rate(period: float) -> None:
+    rate = Rate(7, period)
+    assert Rate.parse(rate.code) == (rate,)

@@ -105,8 +105,8 @@ def test_peek_writes_nothing_and_runs_on_a_replica(
 ) -> None:
     primary, replica = primary_replica
     clock = ManualClock()
-    writer = Limiter(RedisStore(primary.url), clock=clock, fail_open=False)  # type: ignore[attr-defined]
-    reader = Limiter(RedisStore(replica.url), clock=clock, fail_open=False)  # type: ignore[attr-defined]
+    writer = Limiter(RedisStore(primary.url, socket_timeout=5), clock=clock, fail_open=False)  # type: ignore[attr-defined]
+    reader = Limiter(RedisStore(replica.url, socket_timeout=5), clock=clock, fail_open=False)  # type: ignore[attr-defined]
     primary_client = redis.Redis.from_url(primary.url)  # type: ignore[attr-defined]
     for algorithm in ("fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"):
         writer.hit("k", "5/minute", algorithm=algorithm, cost=2)

@@ -36,7 +36,7 @@ def bound(algorithm: str) -> int:
 def test_two_clocks_two_seconds_apart(redis_url: str, algorithm: str) -> None:
     behind = ManualClock(1_700_000_000.0)
     ahead = ManualClock(1_700_000_000.0 + SKEW)
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, socket_timeout=5)
     servers = [Limiter(store, clock=behind, fail_open=False), Limiter(store, clock=ahead)]
     admitted, last_reset, steps = 0, 0.0, int(TRUE_SPAN / STEP)
     for i in range(steps):
@@ -64,7 +64,7 @@ def test_skewed_writers_decide_like_the_memory_store(redis_url: str, algorithm: 
 
     behind = ManualClock(1_700_000_000.0)
     ahead = ManualClock(1_700_000_000.0 + SKEW)
-    redis_store, memory_store = RedisStore(redis_url), MemoryStore()
+    redis_store, memory_store = RedisStore(redis_url, socket_timeout=5), MemoryStore()
     pairs = [
         (Limiter(redis_store, clock=c, fail_open=False), Limiter(memory_store, clock=c))
         for c in (behind, ahead)

@@ -26,7 +26,7 @@ ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding
 
 def test_fixed_window_counts_and_resets_by_stored_end(redis_url: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     first = limiter.hit("user:1", "2/minute")
     assert (first.allowed, first.remaining) == (True, 1)
     clock.advance(10)
@@ -42,7 +42,7 @@ def test_fixed_window_counts_and_resets_by_stored_end(redis_url: str) -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_noscript_after_script_flush_reloads_transparently(redis_url: str, algorithm: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     assert limiter.hit("k", "5/minute", algorithm=algorithm).remaining == 4
     redis.Redis.from_url(redis_url).script_flush()
     assert limiter.hit("k", "5/minute", algorithm=algorithm).remaining == 3
@@ -56,7 +56,7 @@ def test_noscript_after_script_flush_reloads_transparently(redis_url: str, algor
 
 def test_noscript_after_restart_reloads(fresh_redis: rs.RedisServer) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(fresh_redis.url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(fresh_redis.url, socket_timeout=5), clock=clock, fail_open=False)
     for algorithm in ALGORITHMS:
         assert limiter.hit("k", "5/minute", algorithm=algorithm).remaining == 4
     fresh_redis.restart()
@@ -73,7 +73,7 @@ def test_every_written_key_gets_a_relative_ttl(
 ) -> None:
     # the ManualClock is far from Redis' own clock: TTLs must still be "period + 1 s" from now
     clock = ManualClock(start)
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     stack = "3/second; 10/minute; 100/hour"
     limiter.hit("k", stack, algorithm=algorithm, cost=2)
     client = redis.Redis.from_url(redis_url)
@@ -95,7 +95,7 @@ def test_every_written_key_gets_a_relative_ttl(
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_stale_state_that_redis_still_holds_never_rejects(redis_url: str, algorithm: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     rate = "4/minute; 6/hour"
     while limiter.hit("k", rate, algorithm=algorithm).allowed:
         pass
@@ -119,7 +119,7 @@ def test_keys_never_collide_and_share_one_hash_tag(redis_url: str) -> None:
     from redis.crc import key_slot
 
     clock = ManualClock()
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, socket_timeout=5)
     limiter = Limiter(store, clock=clock, fail_open=False)
     stack = "1/minute; 5/hour"
     for key in KEYS:
@@ -134,7 +134,7 @@ def test_keys_never_collide_and_share_one_hash_tag(redis_url: str) -> None:
 
 def test_sliding_log_takes_large_costs(redis_url: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     memory = Limiter(MemoryStore(), clock=clock)
     for cost in (2500, 400, 200):
         got = limiter.hit("k", "3000/minute", algorithm="sliding_log", cost=cost)
@@ -177,7 +177,7 @@ def test_bad_settings_name_the_value(kwargs: dict[str, object], match: str) -> N
 
 def test_reset_deletes_every_key_of_the_stack(redis_url: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisStore(redis_url), clock=clock, fail_open=False)
+    limiter = Limiter(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_open=False)
     limiter.hit("k", "1/minute; 10/hour")
     client = redis.Redis.from_url(redis_url)
     assert client.dbsize() == 2
@@ -198,7 +198,7 @@ def test_async_limiter_matches_memory(redis_url: str, algorithm: str) -> None:
     clock = ManualClock()
 
     async def run() -> list[tuple[bool, int, float, float]]:
-        store = RedisStore(redis_url)
+        store = RedisStore(redis_url, socket_timeout=5)
         limiter = AsyncLimiter(store, clock=clock, fail_open=False)
         out = []
         for _ in range(5):
@@ -230,8 +230,8 @@ OPS: tuple[Op, ...] = ("hit", "hit", "peek", "refund", "hit", "reset")
 
 def test_execute_and_execute_async_give_the_same_outcomes(redis_url: str) -> None:
     clock = ManualClock()
-    sync_store = RedisStore(redis_url, prefix="sync")
-    async_store = RedisStore(redis_url, prefix="async")
+    sync_store = RedisStore(redis_url, prefix="sync", socket_timeout=5)
+    async_store = RedisStore(redis_url, prefix="async", socket_timeout=5)
     planner = Limiter(MemoryStore(), clock=clock)._core
     plans = []
     for i in range(60):

@@ -4,7 +4,7 @@ Accepted forms (case-insensitive, spaces allowed around parts)::
 
     100/second   100/minute   5000/hour   10000/day      unit words, singular or plural
     100/s  100/sec  100/m  100/min  100/h  100/hr  100/d  abbreviations
-    100/30s  100/5 minutes  20/2h  1/1d                   a multiple of a unit
+    100/30s  100/5 minutes  20/2h  1/1d  7/1500ms         a multiple of a unit
     100 per minute                                        "per" instead of "/"
     2/second; 100/minute                                  a stack: every rate must admit
 
@@ -23,6 +23,7 @@ from .errors import RateSpecError
 
 _UNIT_MS: dict[str, int] = {}
 for _names, _ms in (
+    (("ms", "msec", "millisecond", "milliseconds"), 1),
     (("s", "sec", "secs", "second", "seconds"), 1_000),
     (("m", "min", "mins", "minute", "minutes"), 60_000),
     (("h", "hr", "hrs", "hour", "hours"), 3_600_000),
@@ -35,7 +36,7 @@ _UNIT_WORDS = {1_000: "second", 60_000: "minute", 3_600_000: "hour", 86_400_000:
 _UNIT_SHORT = {1_000: "s", 60_000: "m", 3_600_000: "h", 86_400_000: "d"}
 ACCEPTED = (
     "a rate like '100/minute', '5000/hour', '100/30s' or '2/second; 100/minute' "
-    "(units: s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s))"
+    "(units: ms, s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s))"
 )
 MAX_COUNT = 10**12
 MAX_PERIOD_MS = 3650 * 86_400_000
