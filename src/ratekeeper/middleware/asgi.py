@@ -21,8 +21,8 @@ from ..limiter import AsyncLimiter
 from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck
-from .gate import Admission, Gate, Op, run_async
+from .checks import Check, Controls
+from .gate import Admission, Gate, Op, run_async, split_checks
 from .request import PriorityFunc, from_scope
 
 Scope = MutableMapping[str, Any]
@@ -70,25 +70,19 @@ class RateLimitMiddleware:
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
         self.limiter = AsyncLimiter(self.store, clock=clock)
-        self._rates: dict[int, RateCheck] = {}
-        self._leases: dict[int, AsyncConcurrencyLimiter] = {}
-        self._fleets: dict[int, AsyncFleetUsageShedder] = {}
-        for i, c in enumerate(self.gate.checks):
-            if isinstance(c, RateCheck):
-                self._rates[i] = c
-            elif isinstance(c, ConcurrencyCheck):
-                self._leases[i] = AsyncConcurrencyLimiter(
-                    self.store, c.capacity, c.lease_ttl, clock=clock
-                )
-            elif isinstance(c, FleetCheck):
-                self._fleets[i] = AsyncFleetUsageShedder(
-                    self.store,
-                    c.capacity,
-                    c.reserved_for_critical,
-                    c.lease_ttl,
-                    key=c.name,
-                    clock=clock,
-                )
+        shared: Any = self.store  # also a lease store when lease checks exist (checked there)
+        self._rates, self._leases, self._fleets = split_checks(
+            self.gate.checks,
+            lambda c: AsyncConcurrencyLimiter(shared, c.capacity, c.lease_ttl, clock=clock),
+            lambda c: AsyncFleetUsageShedder(
+                shared,
+                c.capacity,
+                c.reserved_for_critical,
+                c.lease_ttl,
+                key=c.name,
+                clock=clock,
+            ),
+        )
 
     async def _execute(self, op: Op) -> Any:
         kind = op.kind

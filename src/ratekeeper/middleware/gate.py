@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from ..clock import Clock
 from ..concurrency import Lease
@@ -296,3 +296,29 @@ async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None
             op = flow.send(result)
     except StopIteration:
         return
+
+
+_Lease = TypeVar("_Lease")
+_Fleet = TypeVar("_Fleet")
+
+
+def split_checks(
+    checks: Sequence[Check],
+    make_lease: Callable[[ConcurrencyCheck], _Lease],
+    make_fleet: Callable[[FleetCheck], _Fleet],
+) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
+    """Index checks by position: rate configs, and one limiter per lease-based check.
+
+    The ASGI and WSGI middleware pass their sync or async limiter constructors.
+    """
+    rates: dict[int, RateCheck] = {}
+    leases: dict[int, _Lease] = {}
+    fleets: dict[int, _Fleet] = {}
+    for i, c in enumerate(checks):
+        if isinstance(c, RateCheck):
+            rates[i] = c
+        elif isinstance(c, ConcurrencyCheck):
+            leases[i] = make_lease(c)
+        elif isinstance(c, FleetCheck):
+            fleets[i] = make_fleet(c)
+    return rates, leases, fleets

@@ -19,8 +19,8 @@ from ..limiter import Limiter
 from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
-from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck
-from .gate import Admission, Gate, Op, run
+from .checks import Check, Controls
+from .gate import Admission, Gate, Op, run, split_checks
 from .request import PriorityFunc, from_environ
 
 StartResponse = Callable[..., Any]
@@ -73,25 +73,19 @@ class WSGIRateLimitMiddleware:
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
         self.limiter = Limiter(self.store, clock=clock)
-        self._rates: dict[int, RateCheck] = {}
-        self._leases: dict[int, ConcurrencyLimiter] = {}
-        self._fleets: dict[int, FleetUsageShedder] = {}
-        for i, c in enumerate(self.gate.checks):
-            if isinstance(c, RateCheck):
-                self._rates[i] = c
-            elif isinstance(c, ConcurrencyCheck):
-                self._leases[i] = ConcurrencyLimiter(
-                    self.store, c.capacity, c.lease_ttl, clock=clock
-                )
-            elif isinstance(c, FleetCheck):
-                self._fleets[i] = FleetUsageShedder(
-                    self.store,
-                    c.capacity,
-                    c.reserved_for_critical,
-                    c.lease_ttl,
-                    key=c.name,
-                    clock=clock,
-                )
+        shared: Any = self.store  # also a lease store when lease checks exist (checked there)
+        self._rates, self._leases, self._fleets = split_checks(
+            self.gate.checks,
+            lambda c: ConcurrencyLimiter(shared, c.capacity, c.lease_ttl, clock=clock),
+            lambda c: FleetUsageShedder(
+                shared,
+                c.capacity,
+                c.reserved_for_critical,
+                c.lease_ttl,
+                key=c.name,
+                clock=clock,
+            ),
+        )
 
     def _execute(self, op: Op) -> Any:
         kind = op.kind
