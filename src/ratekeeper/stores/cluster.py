@@ -13,6 +13,10 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
   ``EVALSHA_RO``'s, and reads go to primaries anyway. The peek script never writes either way.
 - **Discovery is lazy**: the sync client is built (which asks a node for the slot map) on first
   use, so an application starts while the cluster is down and fails open until it is back.
+  The asyncio client loads the slot map (``initialize``, which holds its own lock) before its
+  first command: concurrent first commands on a fresh redis-py asyncio cluster client
+  otherwise race its discovery and fail with "Connection closed by server" (seen with
+  redis-py 8.1: 9 concurrent first calls, most failed; none once it was initialized).
 - Connections get ``socket_timeout`` and ``socket_connect_timeout``, and the cluster client no
   retries (its retry count would also retry timeouts: a stalled node would cost twice the
   timeout, and a timed-out hit could run twice), so a stalled node costs one ``socket_timeout``
@@ -83,6 +87,7 @@ class RedisClusterStore:
                 url, retry=AsyncRetry(NoBackoff(), 0), **_options(self.socket_timeout)
             )
         self.async_client = async_client
+        self._async_ready = False
 
     def __repr__(self) -> str:
         return f"RedisClusterStore({self.url!r}, prefix={self.prefix!r})"
@@ -118,12 +123,19 @@ class RedisClusterStore:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
 
+    async def _ready(self, client: redis.asyncio.RedisCluster) -> None:
+        """Load the slot map once before the first command (see the module docstring)."""
+        if not self._async_ready:
+            await client.initialize()
+            self._async_ready = True
+
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio cluster client."""
         client = self.async_client
         if client is None:
             raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
         try:
+            await self._ready(client)
             if plan.op == "reset":
                 await client.delete(*self.codec.keys(plan))
                 return ()
