@@ -15,7 +15,10 @@ from ratekeeper import (
     ConcurrencyLimiter,
     ManualClock,
     MemoryStore,
+    RedisClusterStore,
     RedisStore,
+    Shard,
+    ShardedRedisStore,
 )
 from ratekeeper.errors import ConfigError, StoreUnavailable
 from ratekeeper.stores.keys import redis_key
@@ -24,10 +27,20 @@ from ratekeeper.stores.redis_leases import AsyncRedisLeases, RedisLeases
 from tests import redis_servers as rs
 
 
-@pytest.fixture(params=["memory", "redis", "redis_store"])
+@pytest.fixture(params=["memory", "redis", "redis_store", "sharded", "cluster"])
 def store(request: pytest.FixtureRequest) -> Iterator[LeaseStore]:
     if request.param == "memory":
         yield MemoryStore()
+        return
+    if request.param in ("sharded", "cluster"):
+        made: ShardedRedisStore | RedisClusterStore
+        if request.param == "sharded":
+            urls = request.getfixturevalue("shard_urls")
+            made = ShardedRedisStore([Shard(u) for u in urls], socket_timeout=5)
+        else:
+            made = RedisClusterStore(request.getfixturevalue("cluster_url"), socket_timeout=5)
+        yield made
+        made.close()
         return
     url = request.getfixturevalue("redis_url")
     if request.param == "redis_store":
@@ -228,3 +241,43 @@ def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None
     clock.advance(60)
     assert limiter.in_use("k") == 0
     client.close()
+
+
+def test_sharded_leases_live_on_the_owning_shard(shard_urls: list[str]) -> None:
+    store = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=5)
+    limiter = ConcurrencyLimiter(store, capacity=3, clock=ManualClock())
+    clients = {Shard(u).name: redis.Redis.from_url(u) for u in shard_urls}
+    owners = set()
+    for i in range(20):
+        key = f"user:{i}"
+        lease = limiter.acquire(key)
+        assert lease is not None and not lease.degraded
+        owner = store.shard_of(key).name
+        owners.add(owner)
+        for name, client in clients.items():
+            present = client.zscore(redis_key("rk", key, "c"), lease.id) is not None
+            assert present == (name == owner)
+    assert len(owners) == 2  # 20 keys do spread over both shards
+    for client in clients.values():
+        client.close()
+    store.close()
+
+
+def test_async_sharded_and_cluster_leases(shard_urls: list[str], cluster_url: str) -> None:
+    async def main() -> None:
+        sharded = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=5)
+        cluster = RedisClusterStore(cluster_url, socket_timeout=5)
+        for store in (sharded, cluster):
+            limiter = AsyncConcurrencyLimiter(store, capacity=4, clock=ManualClock())
+            for key in ("a", "b", "c"):
+                leases = await asyncio.gather(*(limiter.acquire(key) for _ in range(9)))
+                assert sum(1 for lease in leases if lease is not None) == 4
+                assert await limiter.in_use(key) == 4
+                for lease in leases:
+                    await limiter.release(lease)
+                assert await limiter.in_use(key) == 0
+            await store.aclose()
+        sharded.close()
+        cluster.close()
+
+    asyncio.run(main())
