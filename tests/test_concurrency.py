@@ -263,6 +263,34 @@ def test_sharded_leases_live_on_the_owning_shard(shard_urls: list[str]) -> None:
     store.close()
 
 
+def test_a_dead_shard_opens_only_its_own_lease_breaker(
+    shard_urls: list[str], fresh_redis: rs.RedisServer
+) -> None:
+    store = ShardedRedisStore([Shard(shard_urls[0]), Shard(fresh_redis.url)], socket_timeout=0.5)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=100, clock=clock)
+    dead_name = Shard(fresh_redis.url).name
+    keys = [f"k{i}" for i in range(40)]
+    dead_keys = [k for k in keys if store.shard_of(k).name == dead_name][:4]
+    alive_keys = [k for k in keys if store.shard_of(k).name != dead_name][:4]
+    assert dead_keys and alive_keys
+    fresh_redis.kill()
+    for _ in range(2):
+        for key in dead_keys:
+            lease = limiter.acquire(key)
+            assert lease is not None and lease.degraded
+        for key in alive_keys:
+            lease = limiter.acquire(key)
+            assert lease is not None and not lease.degraded
+    stats = limiter.stats()
+    assert stats["breakers_open"] == 1 and stats["breaker_opened"] == 1
+    assert stats["errors"] == 3 and stats["breaker_skips"] == 2 * len(dead_keys) - 3
+    closed = ConcurrencyLimiter(store, capacity=1, fail_open=False)
+    with pytest.raises(StoreUnavailable, match=f"shard {dead_name}"):
+        closed.acquire(dead_keys[0])
+    store.close()
+
+
 def test_async_sharded_and_cluster_leases(shard_urls: list[str], cluster_url: str) -> None:
     async def main() -> None:
         sharded = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=5)
@@ -281,3 +309,38 @@ def test_async_sharded_and_cluster_leases(shard_urls: list[str], cluster_url: st
         cluster.close()
 
     asyncio.run(main())
+
+
+def test_concurrent_failures_do_not_jump_the_cool_down(fresh_redis: rs.RedisServer) -> None:
+    """Ten acquires in flight when Redis hangs all fail; the breaker opens once for 0.5 s."""
+    client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.3)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock)
+    assert limiter.acquire("warm") is not None  # connections are made before the pause
+    barrier = threading.Barrier(10)
+
+    def one() -> None:
+        barrier.wait()
+        limiter.acquire("k")
+
+    fresh_redis.pause()
+    try:
+        threads = [threading.Thread(target=one) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        fresh_redis.resume()
+    stats = limiter.stats()
+    assert stats["errors"] + stats["breaker_skips"] == 10
+    assert stats["errors"] > 3  # failures arrived after the breaker had opened
+    assert stats["breaker_opened"] == 1 and stats["breaker"] == "open"
+    clock.advance(0.4)
+    skipped = limiter.acquire("k")
+    assert skipped is not None and skipped.degraded
+    clock.advance(0.1)  # the first cool-down (0.5 s) is over, not a doubled one
+    trial = limiter.acquire("k")
+    assert trial is not None and not trial.degraded
+    assert limiter.stats()["breaker"] == "closed"
+    client.close()
