@@ -344,3 +344,19 @@ def test_concurrent_failures_do_not_jump_the_cool_down(fresh_redis: rs.RedisServ
     assert trial is not None and not trial.degraded
     assert limiter.stats()["breaker"] == "closed"
     client.close()
+
+
+def test_acquire_counted_and_a_per_lease_ttl(store: LeaseStore) -> None:
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=2, lease_ttl=60, clock=clock)
+    first, count = limiter.acquire_counted("a", lease_ttl=5)
+    assert first is not None and count == 1
+    assert first.expires_at == pytest.approx(clock() + 5)
+    second, count = limiter.acquire_counted("a")
+    assert second is not None and count == 2
+    assert limiter.acquire_counted("a") == (None, 2)
+    clock.advance(5)  # the 5 s lease expired, the 60 s one did not
+    third, count = limiter.acquire_counted("a")
+    assert third is not None and count == 2
+    with pytest.raises(ConfigError, match="lease_ttl=-1"):
+        limiter.acquire("a", lease_ttl=-1)

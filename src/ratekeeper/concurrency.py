@@ -65,6 +65,17 @@ def check_capacity(capacity: object, what: str = "capacity") -> int:
     return capacity
 
 
+def check_lease_ttl(lease_ttl: object) -> float:
+    """A lease TTL is seconds, more than 0 and at most a year."""
+    if (
+        isinstance(lease_ttl, bool)
+        or not isinstance(lease_ttl, int | float)
+        or not 0 < lease_ttl <= 86_400 * 365
+    ):
+        raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+    return float(lease_ttl)
+
+
 class _LeaseCore:
     """Validation, lease ids, expiry arithmetic, fail-open policy, breakers and counters."""
 
@@ -79,13 +90,9 @@ class _LeaseCore:
         breaker: tuple[int, float, float],
     ) -> None:
         self.capacity = check_capacity(capacity)
-        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float):
-            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
-        if not 0 < lease_ttl <= 86_400 * 365:
-            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+        self.lease_ttl = check_lease_ttl(lease_ttl)
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
-        self.lease_ttl = float(lease_ttl)
         self.clock = clock
         self.fail_open = fail_open
         self.log_interval = log_interval
@@ -129,13 +136,16 @@ class _LeaseCore:
             "breakers_open": sum(b.state == "open" for b in self._breakers.values()),
         }
 
-    def start(self, key: str, capacity: int | None) -> tuple[str, int, int, int]:
+    def start(
+        self, key: str, capacity: int | None, lease_ttl: float | None
+    ) -> tuple[str, int, int, int]:
         """Validate one acquire: (lease id, capacity, now_ms, expires_ms)."""
         if type(key) is not str or not key:
             check_key(key)
         cap = self.capacity if capacity is None else check_capacity(capacity)
+        ttl = self.lease_ttl if lease_ttl is None else check_lease_ttl(lease_ttl)
         now_ms = int(self.clock() * 1000)
-        return os.urandom(9).hex(), cap, now_ms, now_ms + int(self.lease_ttl * 1000)
+        return os.urandom(9).hex(), cap, now_ms, now_ms + int(ttl * 1000)
 
     def granted(self, key: str, lease_id: str, ok: bool, expires_ms: int) -> Lease | None:
         """The answer to an acquire the store replied to."""
@@ -210,19 +220,30 @@ class ConcurrencyLimiter(_Base):
         breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
 
-    def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
-        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+    def acquire(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None.
+
+        ``lease_ttl`` overrides the limiter's for this one lease.
+        """
+        return self.acquire_counted(key, capacity=capacity, lease_ttl=lease_ttl)[0]
+
+    def acquire_counted(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> tuple[Lease | None, int | None]:
+        """``acquire``, and the live leases of ``key`` after it (None: the store was not asked)."""
         core = self._core
-        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity, lease_ttl)
         breaker = core.breaker(key)
         if core.skip(breaker):
-            return core.failed(key, lease_id, expires_ms, None, breaker)
+            return core.failed(key, lease_id, expires_ms, None, breaker), None
         try:
-            ok, _ = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
+            ok, count = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
-            return core.failed(key, lease_id, expires_ms, exc, breaker)
+            return core.failed(key, lease_id, expires_ms, exc, breaker), None
         breaker.succeeded()
-        return core.granted(key, lease_id, ok, expires_ms)
+        return core.granted(key, lease_id, ok, expires_ms), count
 
     def release(self, lease: Lease | None) -> None:
         """Give a lease back (None and degraded leases are ignored; errors are logged)."""
@@ -275,19 +296,30 @@ class AsyncConcurrencyLimiter(_Base):
         breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
 
-    async def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
-        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+    async def acquire(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None.
+
+        ``lease_ttl`` overrides the limiter's for this one lease.
+        """
+        return (await self.acquire_counted(key, capacity=capacity, lease_ttl=lease_ttl))[0]
+
+    async def acquire_counted(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> tuple[Lease | None, int | None]:
+        """``acquire``, and the live leases of ``key`` after it (None: the store was not asked)."""
         core = self._core
-        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity, lease_ttl)
         breaker = core.breaker(key)
         if core.skip(breaker):
-            return core.failed(key, lease_id, expires_ms, None, breaker)
+            return core.failed(key, lease_id, expires_ms, None, breaker), None
         try:
-            ok, _ = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
+            ok, count = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
-            return core.failed(key, lease_id, expires_ms, exc, breaker)
+            return core.failed(key, lease_id, expires_ms, exc, breaker), None
         breaker.succeeded()
-        return core.granted(key, lease_id, ok, expires_ms)
+        return core.granted(key, lease_id, ok, expires_ms), count
 
     async def release(self, lease: Lease | None) -> None:
         """Give a lease back (None and degraded leases are ignored; errors are logged)."""
