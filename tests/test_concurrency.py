@@ -64,7 +64,8 @@ def test_capacity_release_and_expiry(store: LeaseStore) -> None:
     assert limiter.acquire("a") is None
     assert limiter.acquire("b") is not None  # keys are independent
     assert limiter.in_use("a") == 2
-    limiter.release(first)
+    assert limiter.release(first) is True
+    assert limiter.release(first) is False  # already given back
     assert limiter.in_use("a") == 1
     clock.advance(10)
     third = limiter.acquire("a")

@@ -245,20 +245,22 @@ class ConcurrencyLimiter(_Base):
         breaker.succeeded()
         return core.granted(key, lease_id, ok, expires_ms), count
 
-    def release(self, lease: Lease | None) -> None:
-        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
+    def release(self, lease: Lease | None) -> bool:
+        """Give a lease back; True if it was live (None and degraded leases are ignored, store
+        errors logged: False)."""
         if lease is None or lease.degraded:
-            return
+            return False
         breaker = self._core.breaker(lease.key)
         if self._core.skip(breaker):
-            return
+            return False
         try:
-            self.store.release_lease(lease.key, lease.id)
+            live = self.store.release_lease(lease.key, lease.id)
         except Exception as exc:
             self._core.record_error(exc, breaker)
-            return
+            return False
         breaker.succeeded()
         self._core.counts["released"] += 1
+        return live
 
     @contextlib.contextmanager
     def slot(self, key: str) -> Iterator[Lease | None]:
@@ -321,20 +323,22 @@ class AsyncConcurrencyLimiter(_Base):
         breaker.succeeded()
         return core.granted(key, lease_id, ok, expires_ms), count
 
-    async def release(self, lease: Lease | None) -> None:
-        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
+    async def release(self, lease: Lease | None) -> bool:
+        """Give a lease back; True if it was live (None and degraded leases are ignored, store
+        errors logged: False)."""
         if lease is None or lease.degraded:
-            return
+            return False
         breaker = self._core.breaker(lease.key)
         if self._core.skip(breaker):
-            return
+            return False
         try:
-            await self.store.release_lease_async(lease.key, lease.id)
+            live = await self.store.release_lease_async(lease.key, lease.id)
         except Exception as exc:
             self._core.record_error(exc, breaker)
-            return
+            return False
         breaker.succeeded()
         self._core.counts["released"] += 1
+        return live
 
     @contextlib.asynccontextmanager
     async def slot(self, key: str) -> AsyncIterator[Lease | None]:
