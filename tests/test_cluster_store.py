@@ -242,3 +242,25 @@ def test_a_rejected_hit_is_one_script_call(
     assert not rejected.allowed and not rejected.degraded
     assert (rejected.remaining, rejected.reset_at) == (0, first.reset_at)
     assert rejected.retry_after == pytest.approx(40.0)
+
+
+def test_concurrent_first_async_calls_on_a_fresh_store_all_reach_the_cluster(
+    cluster_url: str,
+) -> None:
+    """A fresh asyncio cluster client loads its slot map once before the first commands."""
+
+    async def main() -> tuple[list[bool], list[bool]]:
+        store = RedisClusterStore(cluster_url, socket_timeout=5)
+        limiter = AsyncLimiter(store, clock=ManualClock())
+        hits = await asyncio.gather(*(limiter.hit("first", "4/minute") for _ in range(9)))
+        fresh = RedisClusterStore(cluster_url, socket_timeout=5)
+        leases = await asyncio.gather(
+            *(fresh.acquire_lease_async("first", f"id{i}", 4, 0, 60_000) for i in range(9))
+        )
+        await store.aclose()
+        await fresh.aclose()
+        return [d.degraded for d in hits] + [not d.allowed for d in hits], [ok for ok, _ in leases]
+
+    flags, acquired = asyncio.run(main())
+    assert flags[:9] == [False] * 9 and sum(flags[9:]) == 5  # 4 allowed, 5 rejected
+    assert sum(acquired) == 4

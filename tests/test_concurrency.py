@@ -15,7 +15,10 @@ from ratekeeper import (
     ConcurrencyLimiter,
     ManualClock,
     MemoryStore,
+    RedisClusterStore,
     RedisStore,
+    Shard,
+    ShardedRedisStore,
 )
 from ratekeeper.errors import ConfigError, StoreUnavailable
 from ratekeeper.stores.keys import redis_key
@@ -24,10 +27,20 @@ from ratekeeper.stores.redis_leases import AsyncRedisLeases, RedisLeases
 from tests import redis_servers as rs
 
 
-@pytest.fixture(params=["memory", "redis", "redis_store"])
+@pytest.fixture(params=["memory", "redis", "redis_store", "sharded", "cluster"])
 def store(request: pytest.FixtureRequest) -> Iterator[LeaseStore]:
     if request.param == "memory":
         yield MemoryStore()
+        return
+    if request.param in ("sharded", "cluster"):
+        made: ShardedRedisStore | RedisClusterStore
+        if request.param == "sharded":
+            urls = request.getfixturevalue("shard_urls")
+            made = ShardedRedisStore([Shard(u) for u in urls], socket_timeout=5)
+        else:
+            made = RedisClusterStore(request.getfixturevalue("cluster_url"), socket_timeout=5)
+        yield made
+        made.close()
         return
     url = request.getfixturevalue("redis_url")
     if request.param == "redis_store":
@@ -51,7 +64,8 @@ def test_capacity_release_and_expiry(store: LeaseStore) -> None:
     assert limiter.acquire("a") is None
     assert limiter.acquire("b") is not None  # keys are independent
     assert limiter.in_use("a") == 2
-    limiter.release(first)
+    assert limiter.release(first) is True
+    assert limiter.release(first) is False  # already given back
     assert limiter.in_use("a") == 1
     clock.advance(10)
     third = limiter.acquire("a")
@@ -228,3 +242,122 @@ def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None
     clock.advance(60)
     assert limiter.in_use("k") == 0
     client.close()
+
+
+def test_sharded_leases_live_on_the_owning_shard(shard_urls: list[str]) -> None:
+    store = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=5)
+    limiter = ConcurrencyLimiter(store, capacity=3, clock=ManualClock())
+    clients = {Shard(u).name: redis.Redis.from_url(u) for u in shard_urls}
+    owners = set()
+    for i in range(20):
+        key = f"user:{i}"
+        lease = limiter.acquire(key)
+        assert lease is not None and not lease.degraded
+        owner = store.shard_of(key).name
+        owners.add(owner)
+        for name, client in clients.items():
+            present = client.zscore(redis_key("rk", key, "c"), lease.id) is not None
+            assert present == (name == owner)
+    assert len(owners) == 2  # 20 keys do spread over both shards
+    for client in clients.values():
+        client.close()
+    store.close()
+
+
+def test_a_dead_shard_opens_only_its_own_lease_breaker(
+    shard_urls: list[str], fresh_redis: rs.RedisServer
+) -> None:
+    store = ShardedRedisStore([Shard(shard_urls[0]), Shard(fresh_redis.url)], socket_timeout=0.5)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=100, clock=clock)
+    dead_name = Shard(fresh_redis.url).name
+    keys = [f"k{i}" for i in range(40)]
+    dead_keys = [k for k in keys if store.shard_of(k).name == dead_name][:4]
+    alive_keys = [k for k in keys if store.shard_of(k).name != dead_name][:4]
+    assert dead_keys and alive_keys
+    fresh_redis.kill()
+    for _ in range(2):
+        for key in dead_keys:
+            lease = limiter.acquire(key)
+            assert lease is not None and lease.degraded
+        for key in alive_keys:
+            lease = limiter.acquire(key)
+            assert lease is not None and not lease.degraded
+    stats = limiter.stats()
+    assert stats["breakers_open"] == 1 and stats["breaker_opened"] == 1
+    assert stats["errors"] == 3 and stats["breaker_skips"] == 2 * len(dead_keys) - 3
+    closed = ConcurrencyLimiter(store, capacity=1, fail_open=False)
+    with pytest.raises(StoreUnavailable, match=f"shard {dead_name}"):
+        closed.acquire(dead_keys[0])
+    store.close()
+
+
+def test_async_sharded_and_cluster_leases(shard_urls: list[str], cluster_url: str) -> None:
+    async def main() -> None:
+        sharded = ShardedRedisStore([Shard(u) for u in shard_urls], socket_timeout=5)
+        cluster = RedisClusterStore(cluster_url, socket_timeout=5)
+        for store in (sharded, cluster):
+            limiter = AsyncConcurrencyLimiter(store, capacity=4, clock=ManualClock())
+            for key in ("a", "b", "c"):
+                leases = await asyncio.gather(*(limiter.acquire(key) for _ in range(9)))
+                assert sum(1 for lease in leases if lease is not None) == 4
+                assert await limiter.in_use(key) == 4
+                for lease in leases:
+                    await limiter.release(lease)
+                assert await limiter.in_use(key) == 0
+            await store.aclose()
+        sharded.close()
+        cluster.close()
+
+    asyncio.run(main())
+
+
+def test_concurrent_failures_do_not_jump_the_cool_down(fresh_redis: rs.RedisServer) -> None:
+    """Ten acquires in flight when Redis hangs all fail; the breaker opens once for 0.5 s."""
+    client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.3)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock)
+    assert limiter.acquire("warm") is not None  # connections are made before the pause
+    barrier = threading.Barrier(10)
+
+    def one() -> None:
+        barrier.wait()
+        limiter.acquire("k")
+
+    fresh_redis.pause()
+    try:
+        threads = [threading.Thread(target=one) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        fresh_redis.resume()
+    stats = limiter.stats()
+    assert stats["errors"] + stats["breaker_skips"] == 10
+    assert stats["errors"] > 3  # failures arrived after the breaker had opened
+    assert stats["breaker_opened"] == 1 and stats["breaker"] == "open"
+    clock.advance(0.4)
+    skipped = limiter.acquire("k")
+    assert skipped is not None and skipped.degraded
+    clock.advance(0.1)  # the first cool-down (0.5 s) is over, not a doubled one
+    trial = limiter.acquire("k")
+    assert trial is not None and not trial.degraded
+    assert limiter.stats()["breaker"] == "closed"
+    client.close()
+
+
+def test_acquire_counted_and_a_per_lease_ttl(store: LeaseStore) -> None:
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=2, lease_ttl=60, clock=clock)
+    first, count = limiter.acquire_counted("a", lease_ttl=5)
+    assert first is not None and count == 1
+    assert first.expires_at == pytest.approx(clock() + 5)
+    second, count = limiter.acquire_counted("a")
+    assert second is not None and count == 2
+    assert limiter.acquire_counted("a") == (None, 2)
+    clock.advance(5)  # the 5 s lease expired, the 60 s one did not
+    third, count = limiter.acquire_counted("a")
+    assert third is not None and count == 2
+    with pytest.raises(ConfigError, match="lease_ttl=-1"):
+        limiter.acquire("a", lease_ttl=-1)

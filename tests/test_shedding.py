@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Iterator
 
 import pytest
-import redis
 
 from ratekeeper import (
+    AsyncFleetUsageShedder,
     FleetUsageShedder,
     ManualClock,
     MemoryStore,
@@ -17,17 +17,14 @@ from ratekeeper import (
 )
 from ratekeeper.errors import ConfigError
 from ratekeeper.stores.leases import LeaseStore
-from ratekeeper.stores.redis_leases import RedisLeases
+from tests.conftest import Backend
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[LeaseStore]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield RedisLeases(client)
-    client.close()
+@pytest.fixture
+def store(backend: Backend) -> LeaseStore:
+    """Every store: memory, Redis, sharded Redis and Redis Cluster (the fleet key on one shard)."""
+    lease_store: LeaseStore = backend.store
+    return lease_store
 
 
 def test_fleet_reserves_capacity_for_critical(store: LeaseStore) -> None:
@@ -169,3 +166,22 @@ def test_sampling_interval_and_callable_utilization() -> None:
 def test_bad_settings_name_the_value(make: object, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         make()  # type: ignore[operator]  # each case is a zero-argument callable
+
+
+def test_async_fleet_shedder_on_every_store(backend: Backend) -> None:
+    async def main() -> list[bool]:
+        store = backend.make()
+        shedder = AsyncFleetUsageShedder(store, capacity=5, reserved_for_critical=0.4)
+        leases = await asyncio.gather(*(shedder.admit() for _ in range(6)))
+        admitted = [lease is not None for lease in leases]
+        critical = await shedder.admit(critical=True)
+        assert critical is not None and not critical.degraded
+        assert await shedder.in_use() == 4
+        for lease in [*leases, critical]:
+            await shedder.release(lease)
+        assert await shedder.in_use() == 0
+        if hasattr(store, "aclose"):
+            await store.aclose()
+        return admitted
+
+    assert sum(asyncio.run(main())) == 3  # 60% of 5

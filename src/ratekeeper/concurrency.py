@@ -13,9 +13,11 @@ atomic store call — there is no window between cleanup and count. Timeline, ca
 Failure policy (``fail_open=True``, the default): a store error gives a lease marked
 ``degraded`` (the request goes ahead; releasing it is a no-op) and is logged at most once per
 ``log_interval`` seconds; ``fail_open=False`` raises ``StoreUnavailable``. As in ``Limiter``,
-after 3 failures in a row a circuit breaker stops calling the store for 0.5 s, doubling on each
-failed trial up to 30 s, so a hung Redis does not add its timeout to every request (a lease
-taken before the breaker opened then expires by its TTL instead of being released).
+a ``breaker.Breaker`` (after 3 failures in a row the store is not called for 0.5 s, doubling on
+each failed trial up to 30 s; all three settable) keeps a hung Redis from adding its timeout to
+every request (a lease taken before the breaker opened then expires by its TTL instead of being
+released). A store that is ``KeyPartitioned`` (sharded Redis) gets one breaker per shard, so a
+dead shard degrades only the keys it owns.
 ``Limiter``'s rule of "over the limit is an answer, not an exception" holds: ``acquire``
 returns ``None``.
 
@@ -33,16 +35,14 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .breaker import Breaker
 from .clock import Clock
 from .errors import ConfigError, StoreUnavailable
 from .plan import check_key
+from .stores.base import KeyPartitioned
 from .stores.leases import AsyncLeaseStore, LeaseStore
 
 log = logging.getLogger("ratekeeper")
-
-BREAKER_THRESHOLD = 3
-BREAKER_COOLDOWN = 0.5
-BREAKER_MAX_COOLDOWN = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,57 +65,87 @@ def check_capacity(capacity: object, what: str = "capacity") -> int:
     return capacity
 
 
+def check_lease_ttl(lease_ttl: object) -> float:
+    """A lease TTL is seconds, more than 0 and at most a year."""
+    if (
+        isinstance(lease_ttl, bool)
+        or not isinstance(lease_ttl, int | float)
+        or not 0 < lease_ttl <= 86_400 * 365
+    ):
+        raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+    return float(lease_ttl)
+
+
 class _LeaseCore:
-    """Validation, lease ids, expiry arithmetic, fail-open policy and counters."""
+    """Validation, lease ids, expiry arithmetic, fail-open policy, breakers and counters."""
 
     def __init__(
-        self, capacity: int, lease_ttl: float, clock: Clock, fail_open: bool, log_interval: float
+        self,
+        store: object,
+        capacity: int,
+        lease_ttl: float,
+        clock: Clock,
+        fail_open: bool,
+        log_interval: float,
+        breaker: tuple[int, float, float],
     ) -> None:
         self.capacity = check_capacity(capacity)
-        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float):
-            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
-        if not 0 < lease_ttl <= 86_400 * 365:
-            raise ConfigError(f"lease_ttl={lease_ttl!r} is invalid; expected seconds > 0")
+        self.lease_ttl = check_lease_ttl(lease_ttl)
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
-        self.lease_ttl = float(lease_ttl)
         self.clock = clock
         self.fail_open = fail_open
         self.log_interval = log_interval
         self._last_log = -1e18
-        self._failures = 0
-        self._open_until = 0.0
-        self._cooldown = BREAKER_COOLDOWN
+        self._breaker_settings = breaker
+        self._breakers: dict[int, Breaker] = {0: Breaker(*breaker)}  # validates the settings
+        self._partition = store.partition_key if isinstance(store, KeyPartitioned) else None
         self.counts = {
             "acquired": 0,
             "rejected": 0,
             "released": 0,
             "degraded": 0,
             "errors": 0,
+            "breaker_opened": 0,
             "breaker_skips": 0,
         }
 
-    def skip(self) -> bool:
-        """True while the breaker is open: the store is not called."""
-        if self._open_until and self.clock() < self._open_until:
+    def breaker(self, key: str) -> Breaker:
+        """The breaker guarding ``key``'s partition (the one breaker, for most stores)."""
+        if self._partition is None:
+            return self._breakers[0]
+        part = self._partition(key)
+        breaker = self._breakers.get(part)
+        if breaker is None:
+            breaker = self._breakers.setdefault(part, Breaker(*self._breaker_settings))
+        return breaker
+
+    def skip(self, breaker: Breaker) -> bool:
+        """True while ``breaker`` is open: the store is not called (counted)."""
+        if breaker.open_until and not breaker.allow(self.clock()):
             self.counts["breaker_skips"] += 1
             return True
         return False
 
-    def succeeded(self) -> None:
-        """A store call worked: close the breaker."""
-        if self._failures:
-            self._failures = 0
-            self._open_until = 0.0
-            self._cooldown = BREAKER_COOLDOWN
+    def breaker_states(self) -> dict[str, Any]:
+        """``breaker`` (worst state over partitions) and ``breakers_open``."""
+        states = {b.state for b in self._breakers.values()}
+        worst = "open" if "open" in states else "failing" if "failing" in states else "closed"
+        return {
+            "breaker": worst,
+            "breakers_open": sum(b.state == "open" for b in self._breakers.values()),
+        }
 
-    def start(self, key: str, capacity: int | None) -> tuple[str, int, int, int]:
+    def start(
+        self, key: str, capacity: int | None, lease_ttl: float | None
+    ) -> tuple[str, int, int, int]:
         """Validate one acquire: (lease id, capacity, now_ms, expires_ms)."""
         if type(key) is not str or not key:
             check_key(key)
         cap = self.capacity if capacity is None else check_capacity(capacity)
+        ttl = self.lease_ttl if lease_ttl is None else check_lease_ttl(lease_ttl)
         now_ms = int(self.clock() * 1000)
-        return os.urandom(9).hex(), cap, now_ms, now_ms + int(self.lease_ttl * 1000)
+        return os.urandom(9).hex(), cap, now_ms, now_ms + int(ttl * 1000)
 
     def granted(self, key: str, lease_id: str, ok: bool, expires_ms: int) -> Lease | None:
         """The answer to an acquire the store replied to."""
@@ -125,10 +155,12 @@ class _LeaseCore:
         self.counts["acquired"] += 1
         return Lease(key, lease_id, expires_ms / 1000)
 
-    def failed(self, key: str, lease_id: str, expires_ms: int, exc: Exception | None) -> Lease:
+    def failed(
+        self, key: str, lease_id: str, expires_ms: int, exc: Exception | None, breaker: Breaker
+    ) -> Lease:
         """A store error (None: breaker open) on acquire: a degraded lease or an error."""
         if exc is not None:
-            self.record_error(exc)
+            self.record_error(exc, breaker)
         if not self.fail_open:
             if exc is None:
                 raise StoreUnavailable("lease store unavailable (circuit breaker open)")
@@ -136,15 +168,12 @@ class _LeaseCore:
         self.counts["degraded"] += 1
         return Lease(key, lease_id, expires_ms / 1000, degraded=True)
 
-    def record_error(self, exc: Exception) -> None:
-        """Count a store error, open the breaker after a few in a row, log once per interval."""
+    def record_error(self, exc: Exception, breaker: Breaker) -> None:
+        """Count a store error, tell the breaker, log at most once per interval."""
         self.counts["errors"] += 1
         now = self.clock()
-        self._failures += 1
-        if self._failures >= BREAKER_THRESHOLD:
-            if self._open_until:
-                self._cooldown = min(self._cooldown * 2, BREAKER_MAX_COOLDOWN)
-            self._open_until = now + self._cooldown
+        if breaker.failed(now):
+            self.counts["breaker_opened"] += 1
         if now - self._last_log >= self.log_interval:
             self._last_log = now
             log.warning("ratekeeper lease store failed (%s); failing open", exc)
@@ -164,8 +193,9 @@ class _Base:
         return self._core.lease_ttl
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``acquired``, ``rejected``, ``released``, ``degraded``, ``errors``."""
-        return dict(self._core.counts)
+        """Counters (``acquired``, ``rejected``, ``released``, ``degraded``, ``errors``,
+        ``breaker_opened``, ``breaker_skips``) and ``breaker``/``breakers_open``."""
+        return {**self._core.counts, **self._core.breaker_states()}
 
 
 class ConcurrencyLimiter(_Base):
@@ -180,35 +210,57 @@ class ConcurrencyLimiter(_Base):
         clock: Clock = time.time,
         fail_open: bool = True,
         log_interval: float = 10.0,
+        breaker_threshold: int = 3,
+        breaker_cooldown: float = 0.5,
+        breaker_max_cooldown: float = 30.0,
     ) -> None:
         if not isinstance(store, LeaseStore):
             raise ConfigError(f"store {store!r} cannot hold leases; expected a LeaseStore")
         self.store = store
-        self._core = _LeaseCore(capacity, lease_ttl, clock, fail_open, log_interval)
+        breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
+        self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
 
-    def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
-        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+    def acquire(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None.
+
+        ``lease_ttl`` overrides the limiter's for this one lease.
+        """
+        return self.acquire_counted(key, capacity=capacity, lease_ttl=lease_ttl)[0]
+
+    def acquire_counted(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> tuple[Lease | None, int | None]:
+        """``acquire``, and the live leases of ``key`` after it (None: the store was not asked)."""
         core = self._core
-        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
-        if core.skip():
-            return core.failed(key, lease_id, expires_ms, None)
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity, lease_ttl)
+        breaker = core.breaker(key)
+        if core.skip(breaker):
+            return core.failed(key, lease_id, expires_ms, None, breaker), None
         try:
-            ok, _ = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
+            ok, count = self.store.acquire_lease(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
-            return core.failed(key, lease_id, expires_ms, exc)
-        core.succeeded()
-        return core.granted(key, lease_id, ok, expires_ms)
+            return core.failed(key, lease_id, expires_ms, exc, breaker), None
+        breaker.succeeded()
+        return core.granted(key, lease_id, ok, expires_ms), count
 
-    def release(self, lease: Lease | None) -> None:
-        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
-        if lease is None or lease.degraded or self._core.skip():
-            return
+    def release(self, lease: Lease | None) -> bool:
+        """Give a lease back; True if it was live (None and degraded leases are ignored, store
+        errors logged: False)."""
+        if lease is None or lease.degraded:
+            return False
+        breaker = self._core.breaker(lease.key)
+        if self._core.skip(breaker):
+            return False
         try:
-            self.store.release_lease(lease.key, lease.id)
+            live = self.store.release_lease(lease.key, lease.id)
         except Exception as exc:
-            self._core.record_error(exc)
-            return
+            self._core.record_error(exc, breaker)
+            return False
+        breaker.succeeded()
         self._core.counts["released"] += 1
+        return live
 
     @contextlib.contextmanager
     def slot(self, key: str) -> Iterator[Lease | None]:
@@ -236,35 +288,57 @@ class AsyncConcurrencyLimiter(_Base):
         clock: Clock = time.time,
         fail_open: bool = True,
         log_interval: float = 10.0,
+        breaker_threshold: int = 3,
+        breaker_cooldown: float = 0.5,
+        breaker_max_cooldown: float = 30.0,
     ) -> None:
         if not isinstance(store, AsyncLeaseStore):
             raise ConfigError(f"store {store!r} cannot hold leases; expected an AsyncLeaseStore")
         self.store = store
-        self._core = _LeaseCore(capacity, lease_ttl, clock, fail_open, log_interval)
+        breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
+        self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
 
-    async def acquire(self, key: str, *, capacity: int | None = None) -> Lease | None:
-        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None."""
+    async def acquire(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> Lease | None:
+        """A lease if fewer than ``capacity`` (default: the limiter's) are live, else None.
+
+        ``lease_ttl`` overrides the limiter's for this one lease.
+        """
+        return (await self.acquire_counted(key, capacity=capacity, lease_ttl=lease_ttl))[0]
+
+    async def acquire_counted(
+        self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
+    ) -> tuple[Lease | None, int | None]:
+        """``acquire``, and the live leases of ``key`` after it (None: the store was not asked)."""
         core = self._core
-        lease_id, cap, now_ms, expires_ms = core.start(key, capacity)
-        if core.skip():
-            return core.failed(key, lease_id, expires_ms, None)
+        lease_id, cap, now_ms, expires_ms = core.start(key, capacity, lease_ttl)
+        breaker = core.breaker(key)
+        if core.skip(breaker):
+            return core.failed(key, lease_id, expires_ms, None, breaker), None
         try:
-            ok, _ = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
+            ok, count = await self.store.acquire_lease_async(key, lease_id, cap, now_ms, expires_ms)
         except Exception as exc:
-            return core.failed(key, lease_id, expires_ms, exc)
-        core.succeeded()
-        return core.granted(key, lease_id, ok, expires_ms)
+            return core.failed(key, lease_id, expires_ms, exc, breaker), None
+        breaker.succeeded()
+        return core.granted(key, lease_id, ok, expires_ms), count
 
-    async def release(self, lease: Lease | None) -> None:
-        """Give a lease back (None and degraded leases are ignored; errors are logged)."""
-        if lease is None or lease.degraded or self._core.skip():
-            return
+    async def release(self, lease: Lease | None) -> bool:
+        """Give a lease back; True if it was live (None and degraded leases are ignored, store
+        errors logged: False)."""
+        if lease is None or lease.degraded:
+            return False
+        breaker = self._core.breaker(lease.key)
+        if self._core.skip(breaker):
+            return False
         try:
-            await self.store.release_lease_async(lease.key, lease.id)
+            live = await self.store.release_lease_async(lease.key, lease.id)
         except Exception as exc:
-            self._core.record_error(exc)
-            return
+            self._core.record_error(exc, breaker)
+            return False
+        breaker.succeeded()
         self._core.counts["released"] += 1
+        return live
 
     @contextlib.asynccontextmanager
     async def slot(self, key: str) -> AsyncIterator[Lease | None]:

@@ -35,6 +35,14 @@ policies:
   off:
     rate: 1/hour
     enabled: false
+  uploads:
+    kind: concurrency
+    capacity: 20
+    lease_ttl: 30
+  exports:
+    kind: concurrency
+    capacity: 2
+    shadow: true
 """
 
 ENVOY = """\
@@ -136,6 +144,30 @@ def test_tokens_from_environment(tmp_path: Path) -> None:
 
 
 BAD = [
+    ("policies:\n  a:\n    kind: concurrency\n", 3, "has no 'capacity'"),
+    ("policies:\n  a:\n    kind: concurrency\n    capacity: 0\n", 4, "capacity 0"),
+    (
+        "policies:\n  a:\n    kind: concurrency\n    capacity: 2\n    lease_ttl: -1\n",
+        5,
+        "lease_ttl -1",
+    ),
+    (
+        "policies:\n  a:\n    kind: concurrency\n    capacity: 2\n    rate: 1/s\n",
+        5,
+        "unknown key 'rate'",
+    ),
+    ("policies:\n  a:\n    kind: leaky\n    rate: 1/s\n", 3, "policy kind 'leaky'"),
+    (
+        "policies:\n  a:\n    kind: concurrency\n    capacity: 2\n  a:\n    rate: 1/s\n",
+        5,
+        "appears twice",
+    ),
+    (
+        "policies:\n  c:\n    kind: concurrency\n    capacity: 2\n"
+        "domains:\n  - domain: d\n    descriptors:\n      - key: k\n        policy: c\n",
+        9,
+        "'c' is a concurrency policy",
+    ),
     ("policies:\n  a:\n    rate: 100/fortnight\n", 3, "unit 'fortnight'"),
     ("policies:\n  a:\n    rate: 10/minute\n    algorithm: leaky\n", 4, "algorithm 'leaky'"),
     ("policies:\n  a:\n    rate: 10/minute\n    burst: 5\n", 3, "does not apply"),
@@ -212,6 +244,9 @@ def test_accepted_configs_match_the_schema(text: str) -> None:
     [
         "policies:\n  a:\n    rate: 1/s\n    colour: red\n",
         "policies:\n  a:\n    algorithm: gcra\n",
+        "policies:\n  a:\n    kind: concurrency\n",
+        "policies:\n  a:\n    kind: concurrency\n    capacity: 2\n    lease_ttl: 0\n",
+        "policies:\n  a:\n    kind: rate\n    capacity: 2\n",
         "store: {url: memory, extra: 1}\n",
         "domain: d\ndescriptors:\n  - value: x\n",
     ],
@@ -227,3 +262,12 @@ def test_example_loads_without_arguments() -> None:
     cfg = config.load([], env={})
     assert cfg.files == (str(config.EXAMPLE),)
     assert "api.core" in cfg.policies and "edge" in cfg.domains
+
+
+def test_concurrency_policies() -> None:
+    cfg = config.parse_text(OURS)
+    assert set(cfg.concurrency) == {"uploads", "exports"}
+    assert "uploads" not in cfg.policies
+    assert cfg.concurrency["uploads"] == config.ConcurrencySpec("uploads", 20, 30.0)
+    exports = cfg.concurrency["exports"]
+    assert exports.capacity == 2 and exports.lease_ttl == 60.0 and exports.shadow

@@ -3,6 +3,8 @@ generated from our rls.proto, auth, bad input, reloads and metrics."""
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import socket
 import time
@@ -34,6 +36,17 @@ policies:
     rate: 2/hour; 10/day
   shadowed:
     rate: 1/hour
+    shadow: true
+  slots:
+    kind: concurrency
+    capacity: 2
+    lease_ttl: 30
+  single:
+    kind: concurrency
+    capacity: 1
+  slots.shadow:
+    kind: concurrency
+    capacity: 1
     shadow: true
 domains:
   - domain: edge
@@ -366,3 +379,108 @@ def test_a_busy_port_is_refused_cleanly(flag: str) -> None:
         in out.stderr
     )
     assert "Traceback" not in out.stderr
+
+
+def acquire(http: httpx.Client, policy: str, key: str) -> httpx.Response:
+    return http.post("/v1/concurrency/acquire", json={"policy": policy, "key": key})
+
+
+def release(http: httpx.Client, lease: object) -> httpx.Response:
+    return http.post("/v1/concurrency/release", json={"lease": lease})
+
+
+def test_concurrency_acquire_release(http: httpx.Client) -> None:
+    doc = http.get("/openapi.json").json()
+    lease_schema = {"$ref": "#/components/schemas/Lease", "components": doc["components"]}
+    answers = [acquire(http, "slots", "conc-user") for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 429]
+    first, second, full = (r.json() for r in answers)
+    for answer in (first, second, full):
+        jsonschema.validate(answer, lease_schema)
+    assert first["acquired"] and first["limit"] == 2 and first["in_use"] == 1
+    assert second["in_use"] == 2 and first["lease"] != second["lease"]
+    assert abs(first["expires_at"] - (time.time() + 30)) < 5  # the policy's lease_ttl
+    assert not full["acquired"] and full["lease"] is None and full["in_use"] == 2
+    assert full["error"] == "concurrency_limited" and full["policy"] == "slots"
+    assert acquire(http, "slots", "other-user").status_code == 200  # keys are independent
+    assert release(http, first["lease"]).json() == {"released": True}
+    assert release(http, first["lease"]).json() == {"released": False}  # already given back
+    again = acquire(http, "slots", "conc-user")
+    assert again.status_code == 200 and again.json()["in_use"] == 2
+    metrics = http.get("/metrics").text
+    assert 'outcome="rejected",policy="slots"} 1.0' in metrics
+    assert 'outcome="allowed",policy="slots"} 4.0' in metrics
+
+
+def test_concurrency_shadow_and_kill_switch(http: httpx.Client) -> None:
+    answers = [acquire(http, "slots.shadow", "sh").json() for _ in range(2)]
+    assert [a["acquired"] for a in answers] == [True, True]
+    assert [a["shadow"] for a in answers] == [False, True]
+    assert release(http, answers[1]["lease"]).json() == {"released": False}  # held nothing
+    assert release(http, answers[0]["lease"]).json() == {"released": True}
+    toggle = http.post("/v1/admin/policies/single", json={"enabled": False}, headers=ADMIN_H)
+    assert toggle.status_code == 200 and toggle.json()["enabled"] is False
+    assert toggle.json()["kind"] == "concurrency" and toggle.json()["capacity"] == 1
+    off = [acquire(http, "single", "ks") for _ in range(3)]
+    assert all(r.status_code == 200 and r.json()["in_use"] is None for r in off)
+    http.post("/v1/admin/policies/single", json={"enabled": True}, headers=ADMIN_H)
+    assert [acquire(http, "single", "ks").status_code for _ in range(2)] == [200, 429]
+
+
+def _token(value: object) -> str:
+    raw = json.dumps(value).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+ACQUIRE_BAD = [
+    (b"{not json", "body", 400),
+    (b'{"policy": "single"}', "key", 400),
+    (b'{"key": "cb"}', "policy", 400),
+    (b'{"policy": "nope", "key": "cb"}', "policy", 404),
+    (b'{"policy": "three", "key": "cb"}', "policy", 400),  # a rate policy
+    (b'{"policy": "single", "key": ""}', "key", 400),
+    (b'{"policy": "single", "key": 5}', "key", 400),
+    (b'{"policy": "single", "key": "' + b"k" * 33 + b'"}', "key", 400),
+    (b'{"policy": "single", "key": "cb", "cost": 1}', "cost", 400),
+    (b'{"policy": "single", "key": "cb", "pad": "' + b"x" * 70_000 + b'"}', "body", 413),
+]
+RELEASE_BAD = [
+    (b"{}", "lease", 400),
+    (b'{"lease": 5}', "lease", 400),
+    (b'{"lease": ""}', "lease", 400),
+    (b'{"lease": "not a token!"}', "lease", 400),
+    (b'{"lease": "' + _token([1, 2, 3]).encode() + b'"}', "lease", 400),
+    (b'{"lease": "' + _token(["single", "k" * 33, "abc"]).encode() + b'"}', "lease", 400),
+    (b'{"lease": "x", "key": "cb"}', "key", 400),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field", "status"),
+    [("/v1/concurrency/acquire", *bad) for bad in ACQUIRE_BAD]
+    + [("/v1/concurrency/release", *bad) for bad in RELEASE_BAD],
+)
+def test_concurrency_bad_input_is_4xx_naming_the_field_and_holds_nothing(
+    http: httpx.Client, path: str, raw: bytes, field: str, status: int
+) -> None:
+    held = acquire(http, "single", "cb")
+    assert held.status_code == 200
+    r = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field and r.json()["error"]
+    assert acquire(http, "single", "cb").status_code == 429  # still exactly one held
+    assert release(http, held.json()["lease"]).json() == {"released": True}
+    assert http.post("/v1/hit", json={"policy": "single", "key": "cb"}).json()["field"] == "policy"
+
+
+def test_concurrency_auth(service: ServiceProcess) -> None:
+    body = {"policy": "single", "key": "auth"}
+    with httpx.Client(base_url=service.url, timeout=10) as anon:
+        assert anon.post("/v1/concurrency/acquire", json=body).status_code == 401
+        assert anon.post("/v1/concurrency/release", json={"lease": "x"}).status_code == 401
+        held = anon.post("/v1/concurrency/acquire", json=body, headers=ADMIN_H)
+        assert held.status_code == 200
+        lease = {"lease": held.json()["lease"]}
+        assert anon.post("/v1/concurrency/release", json=lease).status_code == 401
+        assert anon.post("/v1/concurrency/release", json=lease, headers=USER).json()["released"]
+        assert anon.get("/v1/concurrency/acquire", headers=USER).status_code == 405

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,10 @@ policies:
   bucket:
     rate: 5/hour
     algorithm: token_bucket
+  slots:
+    kind: concurrency
+    capacity: 5
+    lease_ttl: 30
 """
 
 
@@ -128,5 +133,65 @@ def test_cluster_store(tmp_path: Path, redis_cluster: rs.RedisCluster) -> None:
                 got = [http.post("/v1/hit", json=body).json() for _ in range(4)]
                 assert [g["allowed"] for g in got] == [True, True, True, False]
                 assert not any(g["degraded"] for g in got)
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("kind", ["redis", "sharded", "cluster"])
+def test_concurrency_on_every_redis_store(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """20 concurrent acquires of capacity 5 through the service: exactly 5 leases, in Redis."""
+    if kind == "redis":
+        urls = [request.getfixturevalue("redis_url")]
+        store = f"store: {urls[0]}\n"
+    elif kind == "sharded":
+        urls = request.getfixturevalue("shard_urls")
+        store = "store:\n  shards:\n" + "".join(f"    - url: {u}\n" for u in urls)
+    else:
+        url = request.getfixturevalue("cluster_url")
+        urls = [n.url for n in request.getfixturevalue("redis_cluster").nodes]
+        store = f"store:\n  cluster: {url}\n"
+    proc = ServiceProcess(write(tmp_path, store), grpc=False)
+    try:
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            for user in ("u1", "u2", "u3"):
+                body = {"policy": "slots", "key": user}
+
+                def one(_: int, body: dict[str, str] = body) -> httpx.Response:
+                    return http.post("/v1/concurrency/acquire", json=body)
+
+                with ThreadPoolExecutor(max_workers=10) as pool:
+                    answers = list(pool.map(one, range(20)))
+                granted = [r.json() for r in answers if r.status_code == 200]
+                assert len(granted) == 5 and not any(g["degraded"] for g in granted)
+                assert sum(r.status_code == 429 for r in answers) == 15
+                for g in granted:
+                    lease = {"lease": g["lease"]}
+                    assert http.post("/v1/concurrency/release", json=lease).json()["released"]
+            held = http.post("/v1/concurrency/acquire", json={"policy": "slots", "key": "u1"})
+            assert held.json()["in_use"] == 1
+        lease_sets = 0
+        for u in urls:
+            client = redis.Redis.from_url(u)
+            lease_sets += sum(1 for k in client.scan_iter("rk{*}c") if client.type(k) == b"zset")
+            client.close()
+        assert lease_sets == 1  # the one lease still held lives in Redis
+    finally:
+        proc.stop()
+
+
+def test_concurrency_fails_open_when_redis_dies(tmp_path: Path, fresh_redis: rs.RedisServer):
+    proc = ServiceProcess(write(tmp_path, f"store: {fresh_redis.url}\n"), grpc=False)
+    try:
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            body = {"policy": "slots", "key": "k"}
+            assert not http.post("/v1/concurrency/acquire", json=body).json()["degraded"]
+            fresh_redis.kill()
+            answers = [http.post("/v1/concurrency/acquire", json=body) for _ in range(8)]
+            assert all(r.status_code == 200 and r.json()["degraded"] for r in answers)
+            lease = {"lease": answers[0].json()["lease"]}
+            assert http.post("/v1/concurrency/release", json=lease).json() == {"released": False}
+            assert 'outcome="degraded",policy="slots"} 8.0' in http.get("/metrics").text
     finally:
         proc.stop()

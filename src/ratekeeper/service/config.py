@@ -4,7 +4,9 @@ naming the file, the line and what is wrong.
 Two formats are read, and may be mixed across files (``--config`` can be repeated):
 
 - ours: ``store``, ``auth``, ``limits``, ``policies`` (named rate stacks with algorithm and
-  options, ``shadow``, ``enabled``) and ``domains`` (Envoy-style descriptor trees);
+  options, ``shadow``, ``enabled``; or ``kind: concurrency`` with ``capacity`` and
+  ``lease_ttl``: at most N requests in progress per key) and ``domains`` (Envoy-style
+  descriptor trees, which name rate policies only);
 - envoyproxy/ratelimit's, as is: a file whose top level is ``domain`` + ``descriptors``
   (``key``, ``value``, ``rate_limit: {unit, requests_per_unit}``, ``shadow_mode``,
   ``unlimited``, nested ``descriptors``). Keys this service does not act on (``name``,
@@ -53,6 +55,18 @@ class PolicySpec:
     enabled: bool = True
     block: bool = False
     """Envoy's ``requests_per_unit: 0``: every request is over the limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencySpec:
+    """A named concurrency policy: at most ``capacity`` leases live per key."""
+
+    name: str
+    capacity: int
+    lease_ttl: float = 60.0
+    """Seconds after which a lease never released (a crashed caller) expires."""
+    shadow: bool = False
+    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +123,8 @@ class ServiceConfig:
     local_cache: bool = True
     policies: Mapping[str, PolicySpec] = field(default_factory=dict)
     domains: Mapping[str, Mapping[str, DescriptorNode]] = field(default_factory=dict)
+    concurrency: Mapping[str, ConcurrencySpec] = field(default_factory=dict)
+    """Concurrency policies (``kind: concurrency``); their names differ from ``policies``'."""
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -162,6 +178,7 @@ class _Builder:
         self.local_cache = True
         self.settings_file = ""
         self.policies: dict[str, PolicySpec] = {}
+        self.concurrency: dict[str, ConcurrencySpec] = {}
         self.policy_files: dict[str, str] = {}
         self.domains: dict[str, dict[str, DescriptorNode]] = {}
         self.domain_files: dict[str, str] = {}
@@ -175,6 +192,7 @@ class _Builder:
             self.local_cache,
             dict(self.policies),
             {d: dict(tree) for d, tree in self.domains.items()},
+            dict(self.concurrency),
         )
 
     def add_file(self, path: str, text: str) -> None:
@@ -233,10 +251,18 @@ class _Builder:
 
     def _add_policy(self, path: str, name: str, body: Any, line: int) -> None:
         _check_name(name, line)
-        if name in self.policies:
+        if name in self.policy_files:
             raise Problem(line, f"policy {name!r} is already defined in {self.policy_files[name]}")
-        spec = _policy(name, _map(body, line, f"policy {name!r}"))
-        self.policies[name] = spec
+        body = _map(body, line, f"policy {name!r}")
+        kind = body.get("kind", "rate")
+        if kind == "concurrency":
+            self.concurrency[name] = _concurrency(name, body)
+        elif kind == "rate":
+            self.policies[name] = _policy(name, body)
+        else:
+            raise Problem(
+                body.lines["kind"], f"policy kind {kind!r} is unknown; expected rate or concurrency"
+            )
         self.policy_files[name] = path
 
     def _envoy_domain(self, path: str, doc: Map, line: int) -> None:
@@ -302,6 +328,11 @@ class _Builder:
             if "rate_limit" in d:
                 raise Problem(d.line, "a descriptor takes 'policy' or 'rate_limit', not both")
             name = d["policy"]
+            if name in self.concurrency:
+                raise Problem(
+                    d.lines["policy"],
+                    f"policy {name!r} is a concurrency policy; a descriptor needs a rate policy",
+                )
             if name not in self.policies:
                 known = ", ".join(sorted(self.policies)) or "none defined yet"
                 raise Problem(
@@ -344,9 +375,8 @@ class _Builder:
 
 
 def _policy(name: str, body: Map) -> PolicySpec:
-    _no_unknown(
-        body, {"rate", "algorithm", "burst", "buckets", "shadow", "enabled"}, f"policy {name!r}"
-    )
+    allowed = {"kind", "rate", "algorithm", "burst", "buckets", "shadow", "enabled"}
+    _no_unknown(body, allowed, f"policy {name!r}")
     if "rate" not in body:
         raise Problem(body.line, f"policy {name!r} has no 'rate' (e.g. rate: 100/minute)")
     rate = body["rate"]
@@ -365,6 +395,24 @@ def _policy(name: str, body: Map) -> PolicySpec:
     shadow = _bool(body.get("shadow", False), body.lines.get("shadow", body.line), "shadow")
     enabled = _bool(body.get("enabled", True), body.lines.get("enabled", body.line), "enabled")
     return replace(spec, shadow=shadow, enabled=enabled)
+
+
+def _concurrency(name: str, body: Map) -> ConcurrencySpec:
+    _no_unknown(
+        body, {"kind", "capacity", "lease_ttl", "shadow", "enabled"}, f"concurrency policy {name!r}"
+    )
+    if "capacity" not in body:
+        raise Problem(body.line, f"concurrency policy {name!r} has no 'capacity' (e.g. 20)")
+    capacity = _int(body["capacity"], body.lines["capacity"], "capacity", 1, 2**52 - 1)
+    ttl = body.get("lease_ttl", 60)
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 86_400 * 365:
+        raise Problem(
+            body.lines.get("lease_ttl", body.line),
+            f"lease_ttl {ttl!r} must be seconds, more than 0 and at most a year (31536000)",
+        )
+    shadow = _bool(body.get("shadow", False), body.lines.get("shadow", body.line), "shadow")
+    enabled = _bool(body.get("enabled", True), body.lines.get("enabled", body.line), "enabled")
+    return ConcurrencySpec(name, capacity, float(ttl), shadow, enabled)
 
 
 def _policy_from(

@@ -12,6 +12,13 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
   ``retry_after`` counted down from it. ``remaining`` is the store's value at the rejection:
   never above the truth for window algorithms, and for refilling ones below it by less than
   ``cost`` (the request still does not fit). A refund or reset of the key forgets the entry.
+- Concurrency policies (``kind: concurrency``): ``acquire`` takes a lease of the policy's
+  capacity and TTL under ``store_key(name, key)`` and answers an opaque lease token,
+  ``lease_token``: base64url of ``[policy, key, lease id]``. ``release`` needs only the token
+  (it works on any instance of the service, and after a reload that dropped the policy). A
+  token names a random 72-bit lease id, so a forged one releases nothing. ``enabled: false``
+  and a full shadow policy answer "acquired" with a token that holds nothing (empty id);
+  so does fail-open (``degraded``).
 - Envoy descriptors: each is matched entry by entry down its domain's tree (an exact
   ``key=value`` node first, then a ``key`` node matching any value); the node reached by the
   last entry sets the limit. Its counter key is the request's entries, so a ``key``-only node
@@ -20,6 +27,8 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import time
@@ -27,10 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..clock import Clock
+from ..concurrency import AsyncConcurrencyLimiter, Lease
 from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
-from .config import PolicySpec, ServiceConfig
+from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
 UNLIMITED_REMAINING = 2**32 - 1
@@ -46,6 +56,23 @@ class Result:
     """A shadow policy would have rejected this request (it was answered allowed)."""
     local: bool = False
     """Answered by the over-limit cache without asking the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """The answer to a lease request of a concurrency policy."""
+
+    acquired: bool
+    lease: str | None
+    """The token to release with; None when not acquired."""
+    limit: int
+    in_use: int | None
+    """Live leases of the key after the call; None when the store was not asked."""
+    expires_at: float | None
+    policy: str
+    degraded: bool = False
+    shadow: bool = False
+    """A shadow policy was full (the request was answered acquired, holding nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +139,38 @@ def envoy_key(domain: str, entries: Sequence[tuple[str, str]]) -> str:
     return json.dumps([domain, *entries], separators=(",", ":"), ensure_ascii=False)
 
 
+def lease_token(name: str, key: str, lease_id: str) -> str:
+    """The opaque token a client releases a lease with (see the module docstring)."""
+    raw = json.dumps([name, key, lease_id], separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).rstrip(b"=").decode("ascii")
+
+
+def parse_lease_token(token: object) -> tuple[str, str, str]:
+    """(policy, key, lease id) from a token, or ``BadRequest`` naming the ``lease`` field."""
+    bad = BadRequest(
+        "lease", f"lease {str(token)[:80]!r} is invalid; expected a token from acquire"
+    )
+    if not isinstance(token, str) or not token or not token.isascii():
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        value = json.loads(raw.decode("utf-8"))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise bad from None
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(v, str) for v in value)
+        or not value[0]
+        or not value[1]
+    ):
+        raise bad
+    return value[0], value[1], value[2]
+
+
 class Engine:
-    """Answers hit/peek/refund/reset on named policies and Envoy descriptor requests."""
+    """Answers hit/peek/refund/reset on named policies, Envoy descriptor requests, and lease
+    acquire/release on concurrency policies."""
 
     def __init__(
         self,
@@ -121,8 +178,10 @@ class Engine:
         limiter: AsyncLimiter,
         metrics: Metrics,
         clock: Clock = time.time,
+        leases: AsyncConcurrencyLimiter | None = None,
     ) -> None:
         self.limiter = limiter
+        self.leases = leases
         self.metrics = metrics
         self.clock = clock
         self.cache = OverLimitCache()
@@ -141,6 +200,27 @@ class Engine:
             raise BadRequest("policy", f"policy {name!r} is invalid; expected a policy name")
         spec = self.config.policies.get(name)
         if spec is None:
+            if name in self.config.concurrency:
+                raise BadRequest(
+                    "policy",
+                    f"policy {name!r} is a concurrency policy; use /v1/concurrency/acquire",
+                )
+            raise BadRequest("policy", f"policy {name!r} is not configured", 404)
+        toggles = self.overrides.get(name)
+        if toggles is not None:
+            spec = replace(spec, enabled=toggles[0], shadow=toggles[1])
+        return spec
+
+    def concurrency_spec(self, name: object) -> ConcurrencySpec:
+        """The named concurrency policy with runtime toggles applied, or ``BadRequest``."""
+        if not isinstance(name, str) or not name:
+            raise BadRequest("policy", f"policy {name!r} is invalid; expected a policy name")
+        spec = self.config.concurrency.get(name)
+        if spec is None:
+            if name in self.config.policies:
+                raise BadRequest(
+                    "policy", f"policy {name!r} is a rate policy; use /v1/hit (not concurrency)"
+                )
             raise BadRequest("policy", f"policy {name!r} is not configured", 404)
         toggles = self.overrides.get(name)
         if toggles is not None:
@@ -161,16 +241,16 @@ class Engine:
                 raise BadRequest(field, f"{field} is not valid Unicode text") from None
         return key
 
-    def toggle(self, name: str, enabled: bool | None, shadow: bool | None) -> PolicySpec:
-        """Switch a policy off/on or into/out of shadow mode until the next reload."""
-        spec = self.spec(name)
+    def toggle(self, name: str, enabled: bool | None, shadow: bool | None) -> None:
+        """Switch a policy (of either kind) off/on or into/out of shadow mode until the next
+        reload."""
+        spec = self.concurrency_spec(name) if name in self.config.concurrency else self.spec(name)
         new = (
             spec.enabled if enabled is None else enabled,
             spec.shadow if shadow is None else shadow,
         )
         self.overrides[name] = new
         self.cache.clear()
-        return self.spec(name)
 
     async def hit(self, spec: PolicySpec, key: str, cost: int) -> Result:
         """Consume ``cost`` units of ``key`` under the policy (all-or-nothing over its stack)."""
@@ -195,6 +275,43 @@ class Engine:
             store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm,
             burst=spec.burst, buckets=spec.buckets,
         )  # fmt: skip
+
+    async def acquire(self, spec: ConcurrencySpec, key: str) -> LeaseResult:
+        """Take a lease of ``key`` under a concurrency policy, if one is free."""
+        metrics = self.metrics
+        name = spec.name
+        if not spec.enabled or self.leases is None:
+            metrics.decision(name, "disabled")
+            return LeaseResult(True, lease_token(name, key, ""), spec.capacity, None, None, name)
+        lease, in_use = await self.leases.acquire_counted(
+            store_key(name, key), capacity=spec.capacity, lease_ttl=spec.lease_ttl
+        )
+        if lease is None:
+            if spec.shadow:
+                metrics.decision(name, "shadow_rejected")
+                token = lease_token(name, key, "")
+                return LeaseResult(True, token, spec.capacity, in_use, None, name, shadow=True)
+            metrics.decision(name, "rejected")
+            return LeaseResult(False, None, spec.capacity, in_use, None, name)
+        lease_id = "" if lease.degraded else lease.id
+        metrics.decision(name, "degraded" if lease.degraded else "allowed")
+        return LeaseResult(
+            True,
+            lease_token(name, key, lease_id),
+            spec.capacity,
+            in_use,
+            lease.expires_at,
+            name,
+            degraded=lease.degraded,
+        )
+
+    async def release(self, token: object) -> bool:
+        """Give back the lease a token names; True if it was live."""
+        name, key, lease_id = parse_lease_token(token)
+        key = self.check_key(key, "lease")
+        if not lease_id or self.leases is None:
+            return False
+        return await self.leases.release(Lease(store_key(name, key), lease_id, 0.0))
 
     async def _decide(self, op: str, spec: PolicySpec, key: str, cost: int) -> Result:
         metrics = self.metrics

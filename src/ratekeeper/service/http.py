@@ -4,6 +4,8 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
 
     POST /v1/hit /v1/peek /v1/refund      {"policy", "key", "cost"?}
     POST /v1/reset                        {"policy", "key"}                    admin
+    POST /v1/concurrency/acquire          {"policy", "key"}    200 lease / 429 full
+    POST /v1/concurrency/release          {"lease"}
     POST /v1/admin/reload                                                       admin
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
-from .engine import Engine, Result
+from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -102,7 +104,23 @@ class HttpApi:
         self._authorize(scope, admin)
         if path == "/v1/policies":
             _method(method, "GET")
-            return 200, {"policies": [self._describe(n) for n in self.engine.config.policies]}, {}
+            config = self.engine.config
+            names = [*config.policies, *config.concurrency]
+            return 200, {"policies": [self._describe(n) for n in names]}, {}
+        if path == "/v1/concurrency/acquire":
+            _method(method, "POST")
+            req = _object(await _body(scope, receive), {"policy", "key"})
+            spec = self.engine.concurrency_spec(req.get("policy"))
+            if "key" not in req:
+                raise BadRequest("key", "key is missing; expected a non-empty string")
+            lease = await self.engine.acquire(spec, self.engine.check_key(req["key"]))
+            return (200 if lease.acquired else 429), _lease_json(lease), {}
+        if path == "/v1/concurrency/release":
+            _method(method, "POST")
+            req = _object(await _body(scope, receive), {"lease"})
+            if "lease" not in req:
+                raise BadRequest("lease", "lease is missing; expected the token from acquire")
+            return 200, {"released": await self.engine.release(req["lease"])}, {}
         op = path[4:]
         if op in ("hit", "peek", "refund", "reset"):
             _method(method, "POST")
@@ -121,7 +139,8 @@ class HttpApi:
             req = _object(await _body(scope, receive), {"enabled", "shadow"})
             name = path[len("/v1/admin/policies/") :]
             toggles = [_optional_bool(req, f) for f in ("enabled", "shadow")]
-            self.engine.toggle(self.engine.spec(name).name, toggles[0], toggles[1])
+            self._describe(name)  # 404 for an unknown policy, before anything changes
+            self.engine.toggle(name, toggles[0], toggles[1])
             return 200, self._describe(name), {}
         raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
 
@@ -147,9 +166,20 @@ class HttpApi:
         return 200, _result_json(result), result.decision.headers(spec.name)
 
     def _describe(self, name: str) -> dict[str, Any]:
+        if name in self.engine.config.concurrency:
+            lease = self.engine.concurrency_spec(name)
+            return {
+                "name": lease.name,
+                "kind": "concurrency",
+                "capacity": lease.capacity,
+                "lease_ttl": lease.lease_ttl,
+                "shadow": lease.shadow,
+                "enabled": lease.enabled,
+            }
         spec = self.engine.spec(name)
         return {
             "name": spec.name,
+            "kind": "rate",
             "rate": spec.rate_text,
             "rates": [r.code for r in spec.policy.rates],
             "algorithm": spec.algorithm,
@@ -205,6 +235,26 @@ def _result_json(result: Result) -> dict[str, Any]:
         "degraded": d.degraded,
         "shadow": result.shadow,
     }
+
+
+def _lease_json(lease: LeaseResult) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "acquired": lease.acquired,
+        "lease": lease.lease,
+        "limit": lease.limit,
+        "in_use": lease.in_use,
+        "expires_at": lease.expires_at,
+        "policy": lease.policy,
+        "degraded": lease.degraded,
+        "shadow": lease.shadow,
+    }
+    if not lease.acquired:
+        out["error"] = "concurrency_limited"
+        out["message"] = (
+            f"{lease.limit} requests of this key are already in progress under "
+            f"{lease.policy!r}; retry when one of them has finished"
+        )
+    return out
 
 
 def _method(method: str, expected: str) -> None:

@@ -5,13 +5,15 @@ Names (all prefixed ``ratekeeper_``):
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
   would have rejected), ``degraded`` (fail-open: the store could not be asked), ``disabled``;
-- ``store_latency_seconds``: histogram of store calls (one per batch when batching);
+- ``store_latency_seconds``: histogram of store calls (one per batch when batching; lease
+  calls of concurrency policies too);
 - ``store_errors_total``: store calls that raised;
 - ``batch_size``: histogram of plans per store call;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded.
 
-Also: ``InstrumentedStore``, the store wrapper that feeds the latency and error metrics.
+Also: ``InstrumentedStore`` and ``InstrumentedLeases``, the store wrappers that feed the
+latency and error metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from prometheus_client import (
 
 from ..algorithms import Outcome
 from ..plan import Plan
-from ..stores.base import AsyncStore
+from ..stores.base import AsyncStore, KeyPartitioned
+from ..stores.leases import AsyncLeaseStore
 from ..stores.sharded import ShardedRedisStore
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -105,3 +108,41 @@ class InstrumentedPartitionedStore(InstrumentedStore):
     def __init__(self, inner: ShardedRedisStore, metrics: Metrics) -> None:
         super().__init__(inner, metrics)
         self.partition = inner.partition
+
+
+class InstrumentedLeases:
+    """An ``AsyncLeaseStore`` that times every call of the lease store it wraps.
+
+    It is ``KeyPartitioned`` when the inner store is (one breaker per shard stays).
+    """
+
+    def __init__(self, inner: AsyncLeaseStore, metrics: Metrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        if isinstance(inner, KeyPartitioned):
+            self.partition_key = inner.partition_key
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        start = time.perf_counter()
+        try:
+            return await self.inner.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
+        except Exception:
+            self.metrics.store_errors.inc()
+            raise
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - start)
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        start = time.perf_counter()
+        try:
+            return await self.inner.release_lease_async(key, lease_id)
+        except Exception:
+            self.metrics.store_errors.inc()
+            raise
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - start)
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        return await self.inner.count_leases_async(key, now_ms)

@@ -24,10 +24,12 @@ import grpc
 import uvicorn
 
 from ..clock import Clock
+from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError
 from ..limiter import AsyncLimiter
 from ..stores.base import AsyncStore
 from ..stores.cluster import RedisClusterStore
+from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
@@ -36,7 +38,7 @@ from .batching import Batcher, RedisPipeline, ShardedBatcher
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
-from .metrics import InstrumentedPartitionedStore, InstrumentedStore, Metrics
+from .metrics import InstrumentedLeases, InstrumentedPartitionedStore, InstrumentedStore, Metrics
 
 log = logging.getLogger("ratekeeper.service")
 HEALTH_KEY = "ratekeeper:healthz"
@@ -54,27 +56,34 @@ class ServeOptions:
     """None: no gRPC listener."""
 
 
-def build_store(settings: config_mod.StoreSettings, metrics: Metrics) -> AsyncStore:
-    """The store a config asks for, instrumented; a single Redis is batched unless told not."""
+def build_store(
+    settings: config_mod.StoreSettings, metrics: Metrics
+) -> tuple[AsyncStore, AsyncLeaseStore]:
+    """The store a config asks for, instrumented (a single Redis is batched unless told not),
+    and the same store's leases for concurrency policies (never batched)."""
     s = settings
     if s.kind == "memory":
-        return InstrumentedStore(MemoryStore(max_keys=s.max_keys), metrics)
+        memory = MemoryStore(max_keys=s.max_keys)
+        return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics)
     if s.kind == "redis":
         store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        leases = InstrumentedLeases(store, metrics)
         if s.batch and store.async_client is not None:
             pipeline = RedisPipeline(store.async_client, s.prefix)
-            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000)
-        return InstrumentedStore(store, metrics)
+            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000), leases
+        return InstrumentedStore(store, metrics), leases
     if s.kind == "sharded":
         shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
         sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
+        leases = InstrumentedLeases(sharded, metrics)
         if s.batch:
             wait = s.batch_max_wait_ms / 1000
-            return ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
-        return InstrumentedPartitionedStore(sharded, metrics)
+            batcher = ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
+            return batcher, leases
+        return InstrumentedPartitionedStore(sharded, metrics), leases
     if s.kind == "cluster":
         cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        return InstrumentedStore(cluster, metrics)
+        return InstrumentedStore(cluster, metrics), InstrumentedLeases(cluster, metrics)
     raise ConfigError(f"store kind {s.kind!r} is unknown")
 
 
@@ -86,9 +95,11 @@ class Service:
         self.config = config_mod.load(options.config_files)
         self.metrics = Metrics()
         self.metrics.policies.set(len(self.config.policies))
-        self.store = build_store(self.config.store, self.metrics)
+        self.store, self.leases = build_store(self.config.store, self.metrics)
         limiter = AsyncLimiter(self.store, clock=clock)
-        self.engine = Engine(self.config, limiter, self.metrics, clock)
+        # capacity and lease TTL come with each acquire, from the concurrency policy
+        leases = AsyncConcurrencyLimiter(self.leases, capacity=1, clock=clock)
+        self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
         self.api = HttpApi(self.engine, self.reload, self.health)
         self._reload_lock = asyncio.Lock()
 

@@ -4,7 +4,8 @@ A store knows nothing of rates or algorithms beyond "run this plan". ``Store`` i
 capability, ``AsyncStore`` the async one; a limiter checks the one it needs once, when built.
 ``Partitioned`` is optional: a store whose parts fail independently (the shards of
 ``ShardedRedisStore``) names each plan's part, and the limiter keeps one circuit breaker per
-part, so a dead shard degrades only its own keys.
+part, so a dead shard degrades only its own keys. ``KeyPartitioned`` says the same for calls
+that carry a caller key but no plan (leases: the concurrency limiter's breakers).
 Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
 """
 
@@ -40,4 +41,13 @@ class Partitioned(Protocol):
 
     def partition(self, plan: Plan) -> int:
         """The part (e.g. shard index) that runs ``plan``; stable for a given caller key."""
+        ...
+
+
+@runtime_checkable
+class KeyPartitioned(Protocol):
+    """A store whose parts fail independently, asked by caller key (lease calls have no plan)."""
+
+    def partition_key(self, key: str) -> int:
+        """The part that holds ``key``; the same part ``Partitioned.partition`` names for it."""
         ...

@@ -13,6 +13,10 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
   ``EVALSHA_RO``'s, and reads go to primaries anyway. The peek script never writes either way.
 - **Discovery is lazy**: the sync client is built (which asks a node for the slot map) on first
   use, so an application starts while the cluster is down and fails open until it is back.
+  The asyncio client loads the slot map (``initialize``, which holds its own lock) before its
+  first command: concurrent first commands on a fresh redis-py asyncio cluster client
+  otherwise race its discovery and fail with "Connection closed by server" (seen with
+  redis-py 8.1: 9 concurrent first calls, most failed; none once it was initialized).
 - Connections get ``socket_timeout`` and ``socket_connect_timeout``, and the cluster client no
   retries (its retry count would also retry timeouts: a stalled node would cost twice the
   timeout, and a timed-out hit could run twice), so a stalled node costs one ``socket_timeout``
@@ -21,6 +25,10 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
   one call (fail-open); the next call reconnects. Redirects (``MOVED``/``ASK``) are not retries
   and are always followed. The cluster is one failure domain (with
   ``cluster-require-full-coverage``, a cluster missing a primary refuses every key anyway).
+- **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
+  shedder) are ``redis_leases`` over the same cluster clients and prefix: a caller key's lease
+  set carries its hash tag, so the cluster client sends each script call to the slot's
+  primary. Cluster-client errors are wrapped in ``StoreUnavailable`` here too.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .redis import _check_timeout
 from .redis_codec import Codec, Command, fallback, outcomes
+from .redis_leases import AsyncRedisLeases, RedisLeases
 from .sharded import check_url
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
@@ -83,6 +92,11 @@ class RedisClusterStore:
                 url, retry=AsyncRetry(NoBackoff(), 0), **_options(self.socket_timeout)
             )
         self.async_client = async_client
+        self._async_ready = False
+        self._leases: RedisLeases | None = None
+        self._async_leases = (
+            None if async_client is None else AsyncRedisLeases(async_client, prefix)
+        )
 
     def __repr__(self) -> str:
         return f"RedisClusterStore({self.url!r}, prefix={self.prefix!r})"
@@ -118,12 +132,19 @@ class RedisClusterStore:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
 
+    async def _ready(self, client: redis.asyncio.RedisCluster) -> None:
+        """Load the slot map once before the first command (see the module docstring)."""
+        if not self._async_ready:
+            await client.initialize()
+            self._async_ready = False
+
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio cluster client."""
         client = self.async_client
         if client is None:
             raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
         try:
+            await self._ready(client)
             if plan.op == "reset":
                 await client.delete(*self.codec.keys(plan))
                 return ()
@@ -135,6 +156,69 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def _sync_leases(self) -> RedisLeases:
+        leases = self._leases
+        if leases is None:
+            client = self._sync_client()
+            with self._lock:
+                if self._leases is None:
+                    self._leases = RedisLeases(client, self.prefix)
+                leases = self._leases
+        return leases
+
+    async def _aio_leases(self) -> AsyncRedisLeases:
+        if self._async_leases is None or self.async_client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use the sync classes")
+        await self._ready(self.async_client)
+        return self._async_leases
+
+    def acquire_lease(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """Sweep, count and add one lease in one script on the slot's primary (``LeaseStore``)."""
+        try:
+            return self._sync_leases().acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
+
+    def release_lease(self, key: str, lease_id: str) -> bool:
+        """Remove one lease (``LeaseStore``)."""
+        try:
+            return self._sync_leases().release_lease(key, lease_id)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
+
+    def count_leases(self, key: str, now_ms: int) -> int:
+        """Live leases of ``key`` (``LeaseStore``)."""
+        try:
+            return self._sync_leases().count_leases(key, now_ms)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """The same as ``acquire_lease``, on the asyncio cluster client."""
+        try:
+            leases = await self._aio_leases()
+            return await leases.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        """The same as ``release_lease``, on the asyncio cluster client."""
+        try:
+            return await (await self._aio_leases()).release_lease_async(key, lease_id)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        """The same as ``count_leases``, on the asyncio cluster client."""
+        try:
+            return await (await self._aio_leases()).count_leases_async(key, now_ms)
+        except _ERRORS as exc:
+            raise _lease_unavailable(exc) from exc
 
     def close(self) -> None:
         """Close the sync client's connections (the async client: ``await aclose()``)."""
@@ -152,3 +236,7 @@ def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
         f"redis cluster could not run {plan.op} for {plan.policy.algorithm.NAME}: "
         f"{type(exc).__name__}: {exc}"
     )
+
+
+def _lease_unavailable(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"redis cluster lease store failed: {type(exc).__name__}: {exc}")

@@ -4,17 +4,22 @@ Each caller key's leases are one sorted set, ``{prefix}{{tag}}c`` (``keys.redis_
 shares the caller key's hash tag and works on Cluster), scored by expiry in epoch ms by the
 limiter's clock. ``lua/concurrency.lua`` sweeps, counts and adds in one script; the key's
 Redis TTL (relative, ``lease TTL + margin``) only cleans up a set nobody touches any more.
+The script is sent as ``EVALSHA`` and, after ``NOSCRIPT``, once as ``EVAL`` with its source,
+as the plan scripts are (redis-py's ``register_script`` objects reload the script with a
+separate ``SCRIPT LOAD``, which on the asyncio cluster client broke concurrent first calls).
 
 Driver errors are wrapped in ``StoreUnavailable`` here, at the store edge.
 """
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from typing import Any
 
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 from ..errors import StoreUnavailable
 from .keys import check_prefix, redis_key
@@ -22,6 +27,7 @@ from .keys import check_prefix, redis_key
 SLOT = "c"
 TTL_MARGIN_MS = 1_000
 SCRIPT = (resources.files("ratekeeper.algorithms") / "lua" / "concurrency.lua").read_text("utf-8")
+SHA = hashlib.sha1(SCRIPT.encode("utf-8")).hexdigest()
 
 
 def _acquire_args(
@@ -37,11 +43,14 @@ class RedisLeases:
     def __init__(self, client: Any, prefix: str = "rk") -> None:
         self.client = client
         self.prefix = check_prefix(prefix)
-        self._script = client.register_script(SCRIPT)
 
     def _run(self, key: str, args: tuple[object, ...]) -> tuple[int, int]:
+        name = redis_key(self.prefix, key, SLOT)
         try:
-            reply = self._script(keys=[redis_key(self.prefix, key, SLOT)], args=args)
+            try:
+                reply = self.client.execute_command("EVALSHA", SHA, 1, name, *args)
+            except NoScriptError:
+                reply = self.client.execute_command("EVAL", SCRIPT, 1, name, *args)
         except (redis.RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis lease store failed: {exc}") from exc
         return int(reply[0]), int(reply[1])
@@ -68,11 +77,14 @@ class AsyncRedisLeases:
     def __init__(self, client: Any, prefix: str = "rk") -> None:
         self.client = client
         self.prefix = check_prefix(prefix)
-        self._script = client.register_script(SCRIPT)
 
     async def _run(self, key: str, args: tuple[object, ...]) -> tuple[int, int]:
+        name = redis_key(self.prefix, key, SLOT)
         try:
-            reply = await self._script(keys=[redis_key(self.prefix, key, SLOT)], args=args)
+            try:
+                reply = await self.client.execute_command("EVALSHA", SHA, 1, name, *args)
+            except NoScriptError:
+                reply = await self.client.execute_command("EVAL", SCRIPT, 1, name, *args)
         except (redis.asyncio.RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis lease store failed: {exc}") from exc
         return int(reply[0]), int(reply[1])

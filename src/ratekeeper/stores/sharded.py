@@ -17,6 +17,10 @@ handling and error wrapping are the same as on a single Redis.
   with the caller's ``now``, so a replica still holding an ended window reports it as ended.
 - **Failure domains**: the store is ``Partitioned`` by shard, so a limiter keeps one circuit
   breaker per shard and a dead shard degrades only the keys it owns.
+- **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
+  shedder): every lease call goes to the primary of the shard that owns the caller key, like a
+  ``hit``; ``partition_key`` names that shard, so the concurrency limiter keeps one breaker
+  per shard too. A fleet shedder's single key lands on one shard.
 """
 
 from __future__ import annotations
@@ -158,6 +162,10 @@ class ShardedRedisStore:
         """The index of the shard that runs ``plan`` (one circuit breaker per shard)."""
         return self.placement.owner(encode_tag(plan.key))
 
+    def partition_key(self, key: str) -> int:
+        """The index of the shard that owns caller key ``key`` (``KeyPartitioned``)."""
+        return self.placement.owner(encode_tag(key))
+
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan on its shard: writes on the primary, ``peek`` on a replica if any."""
         node = self._nodes[self.partition(plan)]
@@ -183,6 +191,60 @@ class ShardedRedisStore:
                 node.replica_failed(store, plan)
         try:
             return await primary.execute_async(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def acquire_lease(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """Sweep, count and add one lease on the owning shard's primary (``LeaseStore``)."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return node.primary.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def release_lease(self, key: str, lease_id: str) -> bool:
+        """Remove one lease on the owning shard's primary (``LeaseStore``)."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return node.primary.release_lease(key, lease_id)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def count_leases(self, key: str, now_ms: int) -> int:
+        """Live leases of ``key``, from the owning shard's primary (``LeaseStore``)."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return node.primary.count_leases(key, now_ms)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def acquire_lease_async(
+        self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
+    ) -> tuple[bool, int]:
+        """The same as ``acquire_lease``, on the asyncio clients."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return await node.primary.acquire_lease_async(
+                key, lease_id, capacity, now_ms, expires_ms
+            )
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+        """The same as ``release_lease``, on the asyncio clients."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return await node.primary.release_lease_async(key, lease_id)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def count_leases_async(self, key: str, now_ms: int) -> int:
+        """The same as ``count_leases``, on the asyncio clients."""
+        node = self._nodes[self.partition_key(key)]
+        try:
+            return await node.primary.count_leases_async(key, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
