@@ -119,7 +119,7 @@ def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: s
     async def both() -> tuple[Answers, Answers]:
         client = redis.asyncio.Redis.from_url(redis_url)
         batched = await run(Batcher(RedisPipeline(client, "b")))
-        single = await run(RedisStore(redis_url, prefix="s"))
+        single = await run(RedisStore(redis_url, prefix="s", socket_timeout=5))
         await client.aclose()
         return batched, single
 
