@@ -8,9 +8,13 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
 
+``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
+tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
+
 Rules: every ``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is
 configured (the admin token is accepted too); admin routes need the admin token, and are
-refused when a token but no admin token is configured. Tokens are compared in constant time.
+refused when a token but no admin token is configured; an unknown ``/v1/`` path asks for a
+token before it answers 404. Tokens are compared in constant time.
 A request is validated whole before anything is counted: malformed JSON, unknown fields,
 wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JSON
 ``{"error", "field"}`` and change no counter. No client mistake answers 500.
@@ -23,6 +27,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,52 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: its method, its path (``{name}`` matches the rest of the path) and who may
+    call it: ``public`` (no token), ``client`` (either token) or ``admin`` (the admin token)."""
+
+    method: str
+    path: str
+    access: str
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/hit", "client"),
+    Route("POST", "/v1/peek", "client"),
+    Route("POST", "/v1/refund", "client"),
+    Route("POST", "/v1/reset", "admin"),
+    Route("GET", "/v1/policies", "client"),
+    Route("POST", "/v1/admin/reload", "admin"),
+    Route("POST", "/v1/admin/policies/{name}", "admin"),
+    Route("GET", "/healthz", "public"),
+    Route("GET", "/metrics", "public"),
+    Route("GET", "/openapi.json", "public"),
+)
+"""Every route the API serves, the one place that says who may call what (tests read it)."""
+
+_EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
+_TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
+
+
+def find_route(path: str) -> Route | None:
+    """The route serving ``path``, or None."""
+    route = _EXACT.get(path)
+    if route is not None:
+        return route
+    for head, templated in _TEMPLATED:
+        if path.startswith(head) and len(path) > len(head):
+            return templated
+    return None
+
+
+def _access_of_unknown(path: str) -> str:
+    """Unknown paths under ``/v1/`` still need a token, so they reveal nothing."""
+    if path.startswith("/v1/admin/"):
+        return "admin"
+    return "client" if path.startswith("/v1/") else "public"
 
 
 class HttpApi:
@@ -86,44 +137,38 @@ class HttpApi:
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
     ) -> tuple[int, Any, dict[str, str]]:
-        if path == "/healthz":
-            _method(method, "GET")
+        route = find_route(path)
+        access = route.access if route is not None else _access_of_unknown(path)
+        if access != "public":  # before anything else: no route reveals itself without a token
+            self._authorize(scope, access == "admin")
+        if route is None:
+            raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+        _method(method, route.method)
+        if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if path == "/metrics":
-            _method(method, "GET")
+        if route.path == "/metrics":
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
-        if path == "/openapi.json":
-            _method(method, "GET")
+        if route.path == "/openapi.json":
             return 200, self._openapi, {}
-        if not path.startswith("/v1/"):
-            raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
-        admin = path in ("/v1/reset", "/v1/admin/reload") or path.startswith("/v1/admin/")
-        self._authorize(scope, admin)
-        if path == "/v1/policies":
-            _method(method, "GET")
+        if route.path == "/v1/policies":
             return 200, {"policies": [self._describe(n) for n in self.engine.config.policies]}, {}
-        op = path[4:]
-        if op in ("hit", "peek", "refund", "reset"):
-            _method(method, "POST")
-            fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
-            req = _object(await _body(scope, receive), fields)
-            return await self._decide(op, req)
-        if path == "/v1/admin/reload":
-            _method(method, "POST")
+        if route.path == "/v1/admin/reload":
             await _body(scope, receive)
             error = await self.reload()
             if error is not None:
                 return 422, {"reloaded": False, "error": error, "field": "config"}, {}
             return 200, {"reloaded": True, "files": list(self.engine.config.files)}, {}
-        if path.startswith("/v1/admin/policies/"):
-            _method(method, "POST")
+        if route.path == "/v1/admin/policies/{name}":
             req = _object(await _body(scope, receive), {"enabled", "shadow"})
             name = path[len("/v1/admin/policies/") :]
             toggles = [_optional_bool(req, f) for f in ("enabled", "shadow")]
             self.engine.toggle(self.engine.spec(name).name, toggles[0], toggles[1])
             return 200, self._describe(name), {}
-        raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+        op = route.path[4:]  # hit, peek, refund, reset
+        fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
+        req = _object(await _body(scope, receive), fields)
+        return await self._decide(op, req)
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
         engine = self.engine
