@@ -189,6 +189,10 @@ class _Builder:
             raise Problem(line, f"invalid YAML: {exc.problem}") from None
         except yaml.YAMLError as exc:
             raise Problem(1, f"invalid YAML: {exc}") from None
+        except RecursionError:
+            raise Problem(1, "invalid YAML: lists or mappings nest too deeply") from None
+        except ValueError as exc:  # e.g. an integer of over 4300 digits
+            raise Problem(1, f"invalid YAML: {str(exc)[:200]}") from None
         if doc is None:
             raise Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
         if not isinstance(doc, Map):
