@@ -289,8 +289,10 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
     for name in value:
-        if name not in fields:
-            raise BadRequest(name, f"unknown field {name!r}; expected {', '.join(sorted(fields))}")
+        if name not in fields:  # field "body": the client's text must not become a metric label
+            shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}... ({len(name)} chars)"
+            expected = ", ".join(sorted(fields))
+            raise BadRequest("body", f"unknown field {shown}; expected {expected}")
     return value
 
 
