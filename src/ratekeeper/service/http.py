@@ -120,6 +120,9 @@ class HttpApi:
         except BadRequest as exc:
             self.engine.metrics.refused.labels(exc.field).inc()
             status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
+            route = find_route(path) if status == 405 else None
+            if route is not None:  # RFC 9110: a 405 names the methods that are allowed
+                headers = {"allow": route.method}
         except Exception:  # a bug of ours: say so without details, and log it
             log.exception("unexpected error serving %s %s", method, path)
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
@@ -301,8 +304,11 @@ def _no_constant(name: str) -> None:
 
 
 def _optional_bool(req: dict[str, Any], name: str) -> bool | None:
-    value = req.get(name)
-    if value is not None and not isinstance(value, bool):
+    """An optional boolean field: absent is None; present, it must be true or false."""
+    if name not in req:
+        return None
+    value = req[name]
+    if not isinstance(value, bool):
         raise BadRequest(name, f"{name} {value!r} is invalid; expected true or false")
     return value
 
