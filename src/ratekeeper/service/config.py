@@ -254,9 +254,11 @@ class _Builder:
             raise Problem(
                 line, f"domain {domain!r} is already defined in {self.domain_files[domain]}"
             )
-        descriptors = doc.get("descriptors", Seq())
-        seq = _seq(descriptors, doc.lines.get("descriptors", line), "descriptors")
-        self.domains[domain] = self._tree(domain, seq, ())
+        tree: dict[str, DescriptorNode] = {}  # a domain without descriptors limits nothing
+        if "descriptors" in doc:
+            seq = _seq(doc["descriptors"], doc.lines["descriptors"], "descriptors")
+            tree = self._tree(domain, seq, ())
+        self.domains[domain] = tree
         self.domain_files[domain] = path
 
     def _tree(self, domain: str, seq: Seq, parents: tuple[str, ...]) -> dict[str, DescriptorNode]:
