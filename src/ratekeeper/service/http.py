@@ -180,6 +180,8 @@ class HttpApi:
             raise BadRequest("key", "key is missing; expected a non-empty string")
         key = engine.check_key(req["key"])
         cost = req.get("cost", 1)
+        if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
+            cost = int(cost)
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
         if op == "hit":
