@@ -174,6 +174,12 @@ def test_config_loader_regressions(text: str) -> None:
         parse_text(text)
 
 
+@pytest.mark.parametrize("text", ["domain: d\n", "domains:\n  - domain: d\n"])
+def test_a_domain_without_descriptors_limits_nothing(text: str) -> None:
+    """Found by atheris: a domain without ``descriptors`` raised AttributeError."""
+    assert parse_text(text).domains == {"d": {}}
+
+
 # --- the HTTP API, in process (the real ASGI app of a real Service, memory store) -------------
 
 CONFIG = """\
@@ -365,11 +371,14 @@ def test_regression_inputs_found_while_fuzzing(
         b'{"policy":"p","key":"k","cost":' + b"9" * 5000 + b"}",
         b'{"policy":"p","key":"k","cost":1e400}',
         b'{"policy":"\\udfff","key":"k"}',
+        b'{"policy":"p","key":"float-cost","cost":2.0}',
     ]:
         status, out_headers, body = loop.run_until_complete(
             call(service.api, "POST", "/v1/hit", headers, [raw])
         )
-        check_answer(status, out_headers, body)
+        data = check_answer(status, out_headers, body)
+        if b"float-cost" in raw:  # found by schemathesis: JSON Schema's integer admits 2.0
+            assert status == 200 and data["remaining"] == 1, data
 
 
 REASONS = {"body", "policy", "key", "cost", "path", "method", "authorization", "enabled", "shadow"}
