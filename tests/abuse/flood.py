@@ -5,7 +5,9 @@ Counted by Redis itself (``INFO commandstats``, minus the measurement's own ``IN
 decision), ``commands`` every command Redis ran, the ones inside scripts included (a flood
 request's script only reads). On a real redis-server, through the library
 (``Limiter`` on ``RedisStore``) and through a real ``ratekeeper serve`` process (whose
-over-limit cache answers a flooding key locally until the store's ``retry_after``).
+over-limit cache answers a flooding key locally until the store's ``retry_after``). The
+policy is GCRA at 5/hour in both: no window boundary can fall inside a run that uses the
+wall clock, and a rejection's ``retry_after`` (12 minutes) outlasts the flood.
 
 ``python -m tests.abuse.flood`` prints the figures (used by ``scripts/fuzz``).
 """
@@ -63,17 +65,21 @@ def _per_request(url: str, before: tuple[int, int, int], requests: int) -> Cost:
     return Cost(requests, *((a - b) / requests for a, b in zip(after, before, strict=True)))
 
 
-def library_costs(url: str, requests: int = 300, rate: str = "5/minute") -> tuple[Cost, Cost]:
+def library_costs(url: str, requests: int = 300, rate: str = "5/hour") -> tuple[Cost, Cost]:
     """(normal, flood) through ``Limiter`` + ``RedisStore``: distinct keys, then one key."""
     store = RedisStore(url, prefix="flood-lib", socket_timeout=5)
     limiter = Limiter(store=store, clock=ManualClock(start=1_699_999_200.0))
     try:
-        limiter.hit("warm-up", rate)  # script load and connection set-up are not a request's
+        limiter.hit(
+            "warm-up", rate, algorithm="gcra"
+        )  # script load and connection set-up are not a request's
         before = redis_totals(url)
-        assert all(limiter.hit(f"normal-{i}", rate).allowed for i in range(requests))
+        assert all(
+            limiter.hit(f"normal-{i}", rate, algorithm="gcra").allowed for i in range(requests)
+        )
         normal = _per_request(url, before, requests)
         before = redis_totals(url)
-        answers = [limiter.hit("flooder", rate).allowed for _ in range(requests)]
+        answers = [limiter.hit("flooder", rate, algorithm="gcra").allowed for _ in range(requests)]
         flood = _per_request(url, before, requests)
     finally:
         store.close()
@@ -90,7 +96,8 @@ limits:
   local_cache: {"true" if local_cache else "false"}
 policies:
   p:
-    rate: 5/minute
+    rate: 5/hour
+    algorithm: gcra
 """
 
 
