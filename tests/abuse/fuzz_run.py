@@ -1,7 +1,8 @@
 """The driver of ``scripts/fuzz``: every abuse phase within one time budget, then a Markdown
 table (input | what was checked | figure | pass/fail) on stdout and in ``--out``.
 
-Phases and their share of the budget: the hypothesis properties of ``test_fuzz.py`` with many
+Phases and their share of the budget: the hypothesis properties of ``test_fuzz.py`` and
+``test_grpc_fuzz.py`` with many
 more examples (25%), atheris on ``Rate.parse`` (10%) and the config loader (20%),
 schemathesis against a real ``ratekeeper serve`` process and its own ``/openapi.json`` (35%),
 then the flood figures (``tests.abuse.flood``, a few seconds). Every phase has a hard timeout
@@ -68,14 +69,22 @@ def hypothesis_phase(seconds: float) -> Row:
     examples = max(200, int(seconds * 8))
     env = {**os.environ, "RATEKEEPER_FUZZ_EXAMPLES": str(examples)}
     code, out, took = run(
-        [PY, "-m", "pytest", "-p", "no:cacheprovider", "tests/abuse/test_fuzz.py"],
+        [
+            PY,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/abuse/test_fuzz.py",
+            "tests/abuse/test_grpc_fuzz.py",
+        ],
         timeout=seconds + 120,
         env=env,
     )
     passed = re.search(r"(\d+) passed", out)
     tests = passed.group(1) if passed else "?"
     return Row(
-        "Rate.parse, config loader, HTTP API (hypothesis)",
+        "Rate.parse, config loader, HTTP API, gRPC API (hypothesis)",
         "own error only (RateSpecError / ConfigError file:line / 4xx naming the field); "
         "no 500, no logged traceback, no hang (10 s per request)",
         f"{tests} properties x up to {examples} examples in {took:.0f} s",
