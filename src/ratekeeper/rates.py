@@ -126,6 +126,11 @@ def _parse_one(part: str, whole: str) -> Rate:
             f"rate count {count_text!r} in {whole!r} is not a positive whole number; "
             f"expected {ACCEPTED}"
         )
+    if len(count_text.lstrip("0")) > len(str(MAX_COUNT)):  # before int(): 5000 digits raise
+        raise RateSpecError(
+            f"rate count {_short(count_text)} in {_short(whole)} is out of range; "
+            f"expected 1 to {MAX_COUNT:_}"
+        )
     count = int(count_text)
     if count == 0:
         raise RateSpecError(
@@ -134,12 +139,22 @@ def _parse_one(part: str, whole: str) -> Rate:
     unit_ms = _UNIT_MS.get(unit)
     if unit_ms is None:
         raise RateSpecError(f"rate unit {unit!r} in {whole!r} is unknown; expected {ACCEPTED}")
+    if mult_text is not None and len(mult_text.lstrip("0")) > len(str(MAX_PERIOD_MS)):
+        raise RateSpecError(  # a float of it could overflow; any such period is too long
+            f"rate period {_short(mult_text)}{unit} in {_short(whole)} is too long; "
+            "expected at most 3650 days"
+        )
     mult = int(mult_text) if mult_text is not None else 1
     if mult == 0:
         raise RateSpecError(
             f"rate period '0{unit}' in {whole!r} is empty; the period must be at least 1"
         )
     return Rate(count, mult * unit_ms / 1000)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``repr`` of a value for an error message, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
 
 
 def to_rates(spec: str | Rate | Sequence[Rate]) -> tuple[Rate, ...]:

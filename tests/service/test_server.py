@@ -148,7 +148,7 @@ BAD_INPUT = [
     (b'{"policy": "three", "key": "bad", "cost": 0}', "cost", 400),
     (b'{"policy": "three", "key": "bad", "cost": 1.5}', "cost", 400),
     (b'{"policy": "three", "key": "bad", "cost": true}', "cost", 400),
-    (b'{"policy": "three", "key": "bad", "extra": 1}', "extra", 400),
+    (b'{"policy": "three", "key": "bad", "extra": 1}', "body", 400),  # names 'extra'
     (b'{"policy": "three", "key": "bad", "pad": "' + b"x" * 70_000 + b'"}', "body", 413),
 ]
 

@@ -13,8 +13,10 @@ Two formats are read, and may be mixed across files (``--config`` can be repeate
   ``detailed_metric``, ``replaces``) are accepted and ignored.
 
 Every Envoy ``rate_limit`` becomes a fixed-window policy of its own (named
-``<domain>/<key>=<value>/...``), so its counters never mix with those of another node. A
-descriptor may instead name one of our policies with ``policy:`` (our extension).
+``<domain>/<key>=<value>/...``), so its counters never mix with those of another node; two
+nodes whose names would coincide (``a/b`` + ``c`` and ``a`` + ``b`` + ``c``) are refused, and
+a descriptor key may not hold ``=`` (it separates key from value in the tree). A descriptor
+may instead name one of our policies with ``policy:`` (our extension).
 Validation is complete before anything is used: a config either loads whole or not at all.
 """
 
@@ -205,6 +207,10 @@ class _Builder:
             raise Problem(line, f"invalid YAML: {exc.problem}") from None
         except yaml.YAMLError as exc:
             raise Problem(1, f"invalid YAML: {exc}") from None
+        except RecursionError:
+            raise Problem(1, "invalid YAML: lists or mappings nest too deeply") from None
+        except ValueError as exc:  # e.g. an integer of over 4300 digits
+            raise Problem(1, f"invalid YAML: {str(exc)[:200]}") from None
         if doc is None:
             raise Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
         if not isinstance(doc, Map):
@@ -274,9 +280,11 @@ class _Builder:
             raise Problem(
                 line, f"domain {domain!r} is already defined in {self.domain_files[domain]}"
             )
-        descriptors = doc.get("descriptors", Seq())
-        seq = _seq(descriptors, doc.lines.get("descriptors", line), "descriptors")
-        self.domains[domain] = self._tree(domain, seq, ())
+        tree: dict[str, DescriptorNode] = {}  # a domain without descriptors limits nothing
+        if "descriptors" in doc:
+            seq = _seq(doc["descriptors"], doc.lines["descriptors"], "descriptors")
+            tree = self._tree(domain, seq, ())
+        self.domains[domain] = tree
         self.domain_files[domain] = path
 
     def _tree(self, domain: str, seq: Seq, parents: tuple[str, ...]) -> dict[str, DescriptorNode]:
@@ -301,8 +309,8 @@ class _Builder:
                 "a descriptor",
             )
             key = d.get("key")
-            if not isinstance(key, str) or not key:
-                raise Problem(d.line, f"descriptor key {key!r} must be a non-empty string")
+            if not isinstance(key, str) or not key or "=" in key:
+                raise Problem(d.line, f"descriptor key {key!r} must be a non-empty string, no '='")
             value = d.get("value")
             if value is not None and not isinstance(value, str | int):
                 raise Problem(d.lines["value"], f"descriptor value {value!r} must be a string")
@@ -365,6 +373,12 @@ class _Builder:
         shadow = _bool(
             d.get("shadow_mode", False), d.lines.get("shadow_mode", d.line), "shadow_mode"
         )
+        if name in self.policies:  # e.g. domain "a/b", key "c" and domain "a", keys "b", "c"
+            raise Problem(
+                d.line,
+                f"this descriptor's limit would be named {name!r}, like another descriptor's "
+                "limit; rename a domain, key or value so the names differ",
+            )
         # Envoy: zero requests per unit puts every request over the limit.
         self.policies[name] = replace(spec, shadow=shadow, block=count == 0)
         self.policy_files[name] = "<envoy>"

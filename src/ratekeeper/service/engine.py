@@ -357,7 +357,8 @@ class Engine:
             node = None
             level = tree
             for k, v in entries:
-                node = level.get(f"{k}={v}") or level.get(k)
+                # configured keys hold no '=', so "k=v" names exactly one (key, value) pair
+                node = None if "=" in k else level.get(f"{k}={v}") or level.get(k)
                 if node is None:
                     break
                 level = node.children

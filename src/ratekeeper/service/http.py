@@ -10,9 +10,13 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
 
+``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
+tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
+
 Rules: every ``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is
 configured (the admin token is accepted too); admin routes need the admin token, and are
-refused when a token but no admin token is configured. Tokens are compared in constant time.
+refused when a token but no admin token is configured; an unknown ``/v1/`` path asks for a
+token before it answers 404. Tokens are compared in constant time.
 A request is validated whole before anything is counted: malformed JSON, unknown fields,
 wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JSON
 ``{"error", "field"}`` and change no counter. No client mistake answers 500.
@@ -25,6 +29,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,54 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: its method, its path (``{name}`` matches the rest of the path) and who may
+    call it: ``public`` (no token), ``client`` (either token) or ``admin`` (the admin token)."""
+
+    method: str
+    path: str
+    access: str
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/hit", "client"),
+    Route("POST", "/v1/peek", "client"),
+    Route("POST", "/v1/refund", "client"),
+    Route("POST", "/v1/reset", "admin"),
+    Route("GET", "/v1/policies", "client"),
+    Route("POST", "/v1/concurrency/acquire", "client"),
+    Route("POST", "/v1/concurrency/release", "client"),
+    Route("POST", "/v1/admin/reload", "admin"),
+    Route("POST", "/v1/admin/policies/{name}", "admin"),
+    Route("GET", "/healthz", "public"),
+    Route("GET", "/metrics", "public"),
+    Route("GET", "/openapi.json", "public"),
+)
+"""Every route the API serves, the one place that says who may call what (tests read it)."""
+
+_EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
+_TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
+
+
+def find_route(path: str) -> Route | None:
+    """The route serving ``path``, or None."""
+    route = _EXACT.get(path)
+    if route is not None:
+        return route
+    for head, templated in _TEMPLATED:
+        if path.startswith(head) and len(path) > len(head):
+            return templated
+    return None
+
+
+def _access_of_unknown(path: str) -> str:
+    """Unknown paths under ``/v1/`` still need a token, so they reveal nothing."""
+    if path.startswith("/v1/admin/"):
+        return "admin"
+    return "client" if path.startswith("/v1/") else "public"
 
 
 class HttpApi:
@@ -71,6 +124,9 @@ class HttpApi:
         except BadRequest as exc:
             self.engine.metrics.refused.labels(exc.field).inc()
             status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
+            route = find_route(path) if status == 405 else None
+            if route is not None:  # RFC 9110: a 405 names the methods that are allowed
+                headers = {"allow": route.method}
         except Exception:  # a bug of ours: say so without details, and log it
             log.exception("unexpected error serving %s %s", method, path)
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
@@ -88,61 +144,53 @@ class HttpApi:
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
     ) -> tuple[int, Any, dict[str, str]]:
-        if path == "/healthz":
-            _method(method, "GET")
+        route = find_route(path)
+        access = route.access if route is not None else _access_of_unknown(path)
+        if access != "public":  # before anything else: no route reveals itself without a token
+            self._authorize(scope, access == "admin")
+        if route is None:
+            raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+        _method(method, route.method)
+        if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if path == "/metrics":
-            _method(method, "GET")
+        if route.path == "/metrics":
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
-        if path == "/openapi.json":
-            _method(method, "GET")
+        if route.path == "/openapi.json":
             return 200, self._openapi, {}
-        if not path.startswith("/v1/"):
-            raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
-        admin = path in ("/v1/reset", "/v1/admin/reload") or path.startswith("/v1/admin/")
-        self._authorize(scope, admin)
-        if path == "/v1/policies":
-            _method(method, "GET")
+        if route.path == "/v1/policies":
             config = self.engine.config
             names = [*config.policies, *config.concurrency]
             return 200, {"policies": [self._describe(n) for n in names]}, {}
-        if path == "/v1/concurrency/acquire":
-            _method(method, "POST")
+        if route.path == "/v1/concurrency/acquire":
             req = _object(await _body(scope, receive), {"policy", "key"})
             spec = self.engine.concurrency_spec(req.get("policy"))
             if "key" not in req:
                 raise BadRequest("key", "key is missing; expected a non-empty string")
             lease = await self.engine.acquire(spec, self.engine.check_key(req["key"]))
             return (200 if lease.acquired else 429), _lease_json(lease), {}
-        if path == "/v1/concurrency/release":
-            _method(method, "POST")
+        if route.path == "/v1/concurrency/release":
             req = _object(await _body(scope, receive), {"lease"})
             if "lease" not in req:
                 raise BadRequest("lease", "lease is missing; expected the token from acquire")
             return 200, {"released": await self.engine.release(req["lease"])}, {}
-        op = path[4:]
-        if op in ("hit", "peek", "refund", "reset"):
-            _method(method, "POST")
-            fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
-            req = _object(await _body(scope, receive), fields)
-            return await self._decide(op, req)
-        if path == "/v1/admin/reload":
-            _method(method, "POST")
+        if route.path == "/v1/admin/reload":
             await _body(scope, receive)
             error = await self.reload()
             if error is not None:
                 return 422, {"reloaded": False, "error": error, "field": "config"}, {}
             return 200, {"reloaded": True, "files": list(self.engine.config.files)}, {}
-        if path.startswith("/v1/admin/policies/"):
-            _method(method, "POST")
+        if route.path == "/v1/admin/policies/{name}":
             req = _object(await _body(scope, receive), {"enabled", "shadow"})
             name = path[len("/v1/admin/policies/") :]
             toggles = [_optional_bool(req, f) for f in ("enabled", "shadow")]
             self._describe(name)  # 404 for an unknown policy, before anything changes
             self.engine.toggle(name, toggles[0], toggles[1])
             return 200, self._describe(name), {}
-        raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
+        op = route.path[4:]  # hit, peek, refund, reset
+        fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
+        req = _object(await _body(scope, receive), fields)
+        return await self._decide(op, req)
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
         engine = self.engine
@@ -151,6 +199,8 @@ class HttpApi:
             raise BadRequest("key", "key is missing; expected a non-empty string")
         key = engine.check_key(req["key"])
         cost = req.get("cost", 1)
+        if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
+            cost = int(cost)
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
         if op == "hit":
@@ -294,8 +344,10 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
     for name in value:
-        if name not in fields:
-            raise BadRequest(name, f"unknown field {name!r}; expected {', '.join(sorted(fields))}")
+        if name not in fields:  # field "body": the client's text must not become a metric label
+            shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}... ({len(name)} chars)"
+            expected = ", ".join(sorted(fields))
+            raise BadRequest("body", f"unknown field {shown}; expected {expected}")
     return value
 
 
@@ -304,8 +356,11 @@ def _no_constant(name: str) -> None:
 
 
 def _optional_bool(req: dict[str, Any], name: str) -> bool | None:
-    value = req.get(name)
-    if value is not None and not isinstance(value, bool):
+    """An optional boolean field: absent is None; present, it must be true or false."""
+    if name not in req:
+        return None
+    value = req[name]
+    if not isinstance(value, bool):
         raise BadRequest(name, f"{name} {value!r} is invalid; expected true or false")
     return value
 
