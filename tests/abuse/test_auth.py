@@ -31,6 +31,9 @@ auth:
 policies:
   p:
     rate: 1000/hour
+  c:
+    kind: concurrency
+    capacity: 1000
 """
 NO_ADMIN_CONFIG = f"""\
 auth:
@@ -38,6 +41,9 @@ auth:
 policies:
   p:
     rate: 1000/hour
+  c:
+    kind: concurrency
+    capacity: 1000
 """
 
 PROTECTED = [r for r in ROUTES if r.access != "public"]
@@ -61,6 +67,14 @@ def _request(client: httpx.Client, route: Route, auth: str | None) -> httpx.Resp
     body = {"/v1/hit": {"policy": "p", "key": "k"}, "/v1/peek": {"policy": "p", "key": "k"}}
     body |= {"/v1/refund": {"policy": "p", "key": "k"}, "/v1/reset": {"policy": "p", "key": "k"}}
     body |= {"/v1/admin/policies/{name}": {}, "/v1/admin/reload": {}}
+    body |= {"/v1/concurrency/acquire": {"policy": "c", "key": "k"}}
+    if route.path == "/v1/concurrency/release":  # a real lease, taken with the client token
+        taken = client.post(
+            "/v1/concurrency/acquire",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={"policy": "c", "key": "k"},
+        )
+        body[route.path] = {"lease": taken.json()["lease"]}
     if route.method == "GET":
         return client.get(path, headers=headers)
     return client.post(path, headers=headers, json=body.get(route.path, {}))

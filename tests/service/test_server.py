@@ -441,7 +441,11 @@ ACQUIRE_BAD = [
     (b'{"policy": "single", "key": ""}', "key", 400),
     (b'{"policy": "single", "key": 5}', "key", 400),
     (b'{"policy": "single", "key": "' + b"k" * 33 + b'"}', "key", 400),
-    (b'{"policy": "single", "key": "cb", "cost": 1}', "cost", 400),
+    (
+        b'{"policy": "single", "key": "cb", "cost": 1}',
+        "body",
+        400,
+    ),  # an unknown field is reported as the body
     (b'{"policy": "single", "key": "cb", "pad": "' + b"x" * 70_000 + b'"}', "body", 413),
 ]
 RELEASE_BAD = [
@@ -451,7 +455,7 @@ RELEASE_BAD = [
     (b'{"lease": "not a token!"}', "lease", 400),
     (b'{"lease": "' + _token([1, 2, 3]).encode() + b'"}', "lease", 400),
     (b'{"lease": "' + _token(["single", "k" * 33, "abc"]).encode() + b'"}', "lease", 400),
-    (b'{"lease": "x", "key": "cb"}', "key", 400),
+    (b'{"lease": "x", "key": "cb"}', "body", 400),  # an unknown field is reported as the body
 ]
 
 
