@@ -130,7 +130,7 @@ def _drive(
         ctx.Process(
             target=_client,
             args=(service.port, policy, 5000, distinct, rps, start_at, end_at, i, out),
-        )  # fmt: skip
+        )
         for i in range(clients)
     ]
     for p in procs:
