@@ -67,6 +67,7 @@ def outage(kind: str, quick: bool) -> list[Row]:
     p99_ok = percentile(healthy, 0.99)
     degraded = sum(r[3] for r in result.records)
     recovery = _recovery(result, t_up)
+    relapsed = sum(r[3] for r in result.between(t_up + (recovery or 0) + 0.1, float("inf")))
     fault = (
         f"primary SIGKILL for {up_at - down_at:.1f} s, restarted empty"
         if kind == "kill"
@@ -90,12 +91,12 @@ def outage(kind: str, quick: bool) -> list[Row]:
         ),
         Row(
             fault,
-            "recovery: every key decided by Redis again after it is back",
+            "recovery: every key decided by Redis again after it is back, and no relapse",
             "never"
             if recovery is None
-            else f"{recovery:.2f} s after {(kind == 'kill' and 'restart') or 'SIGCONT'}"
-            " (breaker cool-down doubles from 0.5 s while down)",
-            recovery is not None,
+            else f"{recovery:.2f} s after {'restart' if kind == 'kill' else 'SIGCONT'} "
+            f"(breaker cool-down doubles from 0.5 s while down); then {relapsed} degraded",
+            recovery is not None and relapsed == 0,
         ),
     ]
 

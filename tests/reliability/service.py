@@ -15,7 +15,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +79,9 @@ class Service:
 
 def _client(port: int, policy: str, keys: int, distinct: bool, rps: float, start_at: float,
             end_at: float, ident: int, out: Any) -> None:  # fmt: skip
-    """One client process: paced POST /v1/hit; returns [(start, latency, status)], errors."""
+    """One client process: paced POST /v1/hit; returns [(start, latency, status, degraded)]."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    records: list[tuple[float, float, int]] = []
+    records: list[tuple[float, float, int, bool]] = []
     errors = 0
     gap = 1.0 / rps
     n = 0
@@ -97,8 +99,8 @@ def _client(port: int, policy: str, keys: int, distinct: bool, rps: float, start
         try:
             conn.request("POST", "/v1/hit", body, {"content-type": "application/json"})
             response = conn.getresponse()
-            response.read()
-            records.append((now, time.monotonic() - now, response.status))
+            degraded = b'"degraded":true' in response.read()
+            records.append((now, time.monotonic() - now, response.status, degraded))
         except (OSError, http.client.HTTPException):
             errors += 1
             conn.close()
@@ -120,8 +122,8 @@ class Sample:
 
 def _drive(
     service: Service, policy: str, duration: float, interval: float, clients: int, rps: float,
-    distinct: bool, redis: rs.RedisServer | None,
-) -> tuple[list[tuple[float, float, int]], int, int, list[Sample], float]:  # fmt: skip
+    distinct: bool, redis: rs.RedisServer | None, fault: Callable[[float], None] | None = None,
+) -> tuple[list[tuple[float, float, int, bool]], int, int, list[Sample], float]:  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     start_at = time.monotonic() + 1.5
@@ -135,6 +137,10 @@ def _drive(
     ]
     for p in procs:
         p.start()
+    breaker = None
+    if fault is not None:
+        breaker = threading.Thread(target=fault, args=(start_at,))
+        breaker.start()
     samples = []
     t = start_at
     while t < end_at + 0.01:
@@ -153,7 +159,7 @@ def _drive(
             client.close()
         samples.append(Sample(t - start_at, **service.proc_status(), **extra))
         t += interval
-    records: list[tuple[float, float, int]] = []
+    records: list[tuple[float, float, int, bool]] = []
     errors = sent = 0
     for _ in procs:
         r, e, n = out.get(timeout=duration + 120)
@@ -162,6 +168,8 @@ def _drive(
         sent += n
     for p in procs:
         p.join(timeout=30)
+    if breaker is not None:
+        breaker.join()
     records.sort()
     return records, errors, sent, samples, start_at
 
@@ -188,7 +196,7 @@ def soak(duration: float, interval: float) -> list[Row]:
         redis.stop()
     warm = samples[max(1, len(samples) // 5)]
     after = [s for s in samples if s.at >= warm.at]
-    bad = sum(status not in (200, 429) for _, _, status in records)
+    bad = sum(r[2] not in (200, 429) for r in records)
     p99s = []
     for s in after[:-1]:
         lat = [r[1] for r in records if s.at <= r[0] - start_at < s.at + interval]
@@ -249,7 +257,7 @@ def flood_service(duration: float, max_keys: int, rps: float = 400.0) -> list[Ro
         alive = service.alive()
     finally:
         service.stop()
-    ok = sum(status == 200 for _, _, status in records)
+    ok = sum(r[2] == 200 for r in records)
     # once max_keys distinct keys have been seen, memory must stop growing
     full_at = max_keys / max(1.0, len(records) / duration)
     plateau = [s for s in samples if s.at >= full_at + duration / 10] or samples[-1:]
@@ -290,4 +298,67 @@ def flood_memory(keys: int, max_keys: int) -> list[Row]:
             f"-> at most {_mb(peak)} up to {keys:,}",
             largest <= max_keys and peak <= rss_at_full * 1.1 + 4096,
         )
+    ]
+
+
+def _health(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def service_outage(quick: bool) -> list[Row]:
+    """The service on Redis under load while its Redis is SIGKILLed, then restarted empty."""
+    down_at, up_at, duration = (1.0, 2.5, 6.0) if quick else (3.0, 6.0, 12.0)
+    redis = rs.RedisServer()
+    service = Service(f"store:\n  url: {redis.url}\npolicies:\n  p:\n    rate: 1000000/day\n")
+    health: dict[str, int] = {}
+
+    def fault(start_at: float) -> None:
+        time.sleep(max(0.0, start_at + down_at - time.monotonic()))
+        redis.kill()
+        time.sleep(0.3)
+        health["down"] = _health(service.port)
+        time.sleep(max(0.0, start_at + up_at - time.monotonic()))
+        redis.start()
+        time.sleep(max(0.0, start_at + duration - 0.3 - time.monotonic()))
+        health["back"] = _health(service.port)
+
+    try:
+        records, errors, _sent, _samples, start_at = _drive(
+            service, "p", duration, duration, 3, 150.0, False, None, fault
+        )
+        alive = service.alive()
+    finally:
+        service.stop()
+        redis.stop()
+    t_down, t_up = start_at + down_at, start_at + up_at
+    down = [r for r in records if t_down <= r[0] < t_up]
+    bad = sum(r[2] != 200 for r in records)
+    p99 = percentile([r[1] for r in down], 0.99)
+    healthy = percentile([r[1] for r in records if r[0] < t_down - 0.2], 0.99)
+    back = next((r[0] for r in records if r[0] >= t_up and not r[3]), None)
+    late = [r for r in records if back is not None and r[0] >= back + 0.1]
+    fault_name = f"service: its Redis SIGKILLed for {up_at - down_at:.1f} s, restarted empty"
+    return [
+        Row(
+            fault_name,
+            "every HTTP request answered 200 (fail-open, degraded), none 5xx; /healthz 503 "
+            "while down, 200 after",
+            f"{len(records)} answered, {bad} not 200, {errors} connection errors, "
+            f"{sum(r[3] for r in records)} degraded; /healthz {health.get('down')} down, "
+            f"{health.get('back')} after",
+            alive and bad == 0 and errors == 0 and health == {"down": 503, "back": 200},
+        ),
+        Row(
+            fault_name,
+            "latency p99 while down < 2x socket_timeout (100 ms); once back, every decision exact",
+            f"p99 {p99 * 1000:.1f} ms while down (healthy p99 {healthy * 1000:.1f} ms); back "
+            + ("never" if back is None else f"{back - t_up:.2f} s after restart")
+            + f", then {sum(not r[3] for r in late)}/{len(late)} exact",
+            bool(down) and p99 < 0.1 and bool(late) and not any(r[3] for r in late),
+        ),
     ]
