@@ -38,7 +38,7 @@ def scenarios(quick: bool, soak_seconds: float) -> list[tuple[str, Callable[[], 
             lambda: (
                 service.flood_memory(100_000, 10_000)
                 if quick
-                else service.flood_memory(1_000_000, 100_000)
+                else service.flood_memory(1_000_000, 100_000, check_speed=True)
             ),
         ),
         (

@@ -16,7 +16,14 @@ from tests import redis_servers as rs
 from tests.reliability.load import Load, LoadSpec, Result, StoreSpec, percentile
 from tests.reliability.report import Row
 
-TIMEOUT = 0.05  # the stores' default socket_timeout
+TIMEOUT = 0.05  # the stores' default socket_timeout: the full run
+QUICK_TIMEOUT = 0.25  # the pytest subset shares a loaded machine: 50 ms is missed when healthy
+
+
+def _timeout(quick: bool) -> float:
+    return QUICK_TIMEOUT if quick else TIMEOUT
+
+
 KEYS = tuple(f"user:{i}" for i in range(64))
 
 
@@ -42,9 +49,10 @@ def _recovery(result: Result, since: float) -> float | None:
 def outage(kind: str, quick: bool) -> list[Row]:
     """SIGKILL (then restart empty) or SIGSTOP (then SIGCONT) the only Redis mid-load."""
     down_at, up_at, duration = (0.6, 1.8, 4.0) if quick else (2.0, 5.0, 9.0)
+    timeout = _timeout(quick)
     server = rs.RedisServer()
     try:
-        store = StoreSpec("redis", (server.url,), socket_timeout=TIMEOUT)
+        store = StoreSpec("redis", (server.url,), socket_timeout=_timeout(quick))
         load = Load(_spec(store, quick, duration))
         load.at(down_at)
         t_down = load.start_at + down_at
@@ -84,10 +92,10 @@ def outage(kind: str, quick: bool) -> list[Row]:
         ),
         Row(
             fault,
-            f"latency p99 while down < 2x socket_timeout ({_ms(2 * TIMEOUT)})",
+            f"latency p99 while down < 2x socket_timeout ({_ms(2 * timeout)})",
             f"p99 {_ms(p99_down)} while down (healthy p99 {_ms(p99_ok)}; "
             f"added {_ms(max(0.0, p99_down - p99_ok))}), max {_ms(max(r[1] for r in down))}",
-            bool(down) and p99_down < 2 * TIMEOUT,
+            bool(down) and p99_down < 2 * timeout,
         ),
         Row(
             fault,
@@ -111,7 +119,7 @@ def restart_empty(quick: bool) -> list[Row]:
     duration = 3.0 if quick else 6.0
     server = rs.RedisServer()
     try:
-        load = Load(_spec(StoreSpec("redis", (server.url,), socket_timeout=TIMEOUT), quick,
+        load = Load(_spec(StoreSpec("redis", (server.url,), socket_timeout=_timeout(quick)), quick,
                           duration))  # fmt: skip
         flushes = 3
         for i in range(flushes):
@@ -155,10 +163,10 @@ def failover(quick: bool) -> list[Row]:
     replica = rs.start_replica(primary)
     try:
         spec = _spec(
-            StoreSpec("sharded", (primary.url,), ("shard-1",), TIMEOUT),
+            StoreSpec("sharded", (primary.url,), ("shard-1",), _timeout(quick)),
             quick,
             duration,
-            failover=StoreSpec("sharded", (replica.url,), ("shard-1",), TIMEOUT),
+            failover=StoreSpec("sharded", (replica.url,), ("shard-1",), _timeout(quick)),
         )
         load = Load(spec)
         load.at(kill_at)
@@ -205,7 +213,7 @@ def shard_lost(quick: bool) -> list[Row]:
     a, b = rs.RedisServer(), rs.RedisServer()
     try:
         limit = 10  # reached within the first second on every key
-        store = StoreSpec("sharded", (a.url, b.url), ("a", "b"), TIMEOUT)
+        store = StoreSpec("sharded", (a.url, b.url), ("a", "b"), _timeout(quick))
         owner = store.build()
         on_a = {i for i, k in enumerate(KEYS) if owner.shard_of(k).name == "a"}
         owner.close()
@@ -312,7 +320,7 @@ def clock_skew(seeds: int) -> list[Row]:
                     f"clock skew ±{SKEW:.0f} s between two limiters, {algorithm} (Redis)",
                     f"admissions within the documented bound ({bound_txt}); no reset wobble",
                     f"worst {worst:.0%} of the bound over {seeds} random runs; "
-                    f"{wobbles} reset_at decreases",
+                    f"{wobbles} decreases of reset_at (X-RateLimit-Reset is its ceiling)",
                     worst <= 1.0 and wobbles == 0,
                 )
             )
@@ -335,12 +343,14 @@ def _skew_ratio(
     most_in_any: Callable[[list[float], float], int],
 ) -> float:  # fmt: skip
     """The worst observed count divided by its bound (≤ 1 passes)."""
-    if algorithm == "fixed_window":
-        windows: dict[float, int] = {}
+    if algorithm == "fixed_window":  # per window at most L; windows open >= P - s apart
+        windows: dict[float, list[float]] = {}
         for e in events:
             if e.allowed:
-                windows[e.reset_at] = windows.get(e.reset_at, 0) + 1
-        return max(windows.values()) / L
+                windows.setdefault(e.reset_at, []).append(e.true)
+        opened = sorted(ts[0] for ts in windows.values())
+        gap = min((b - a for a, b in itertools.pairwise(opened)), default=P)
+        return max(max(len(ts) for ts in windows.values()) / L, (P - s) / max(gap, 1e-9))
     if algorithm in ("token_bucket", "gcra"):
         worst = 0.0
         for i, t_i in enumerate(times):

@@ -314,3 +314,71 @@ def flood_memory(keys: int, max_keys: int, check_speed: bool = False) -> list[Ro
             and (not check_speed or evict_us < 3 * fill_us),
         )
     ]
+
+
+def _health(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def service_outage(quick: bool) -> list[Row]:
+    """The service on Redis under load while its Redis is SIGKILLed, then restarted empty."""
+    down_at, up_at, duration = (1.0, 2.5, 6.0) if quick else (3.0, 6.0, 12.0)
+    redis = rs.RedisServer()
+    timeout = 0.25 if quick else 0.05  # as in faults.py: the quick subset shares a busy machine
+    service = Service(
+        f"store:\n  url: {redis.url}\n  socket_timeout: {timeout}\n"
+        "policies:\n  p:\n    rate: 1000000/day\n"
+    )
+    health: dict[str, int] = {}
+
+    def fault(start_at: float) -> None:
+        time.sleep(max(0.0, start_at + down_at - time.monotonic()))
+        redis.kill()
+        time.sleep(0.3)
+        health["down"] = _health(service.port)
+        time.sleep(max(0.0, start_at + up_at - time.monotonic()))
+        redis.start()
+        time.sleep(max(0.0, start_at + duration - 0.3 - time.monotonic()))
+        health["back"] = _health(service.port)
+
+    try:
+        records, errors, _sent, _samples, start_at = _drive(
+            service, "p", duration, duration, 3, 150.0, False, None, fault
+        )
+        alive = service.alive()
+    finally:
+        service.stop()
+        redis.stop()
+    t_down, t_up = start_at + down_at, start_at + up_at
+    down = [r for r in records if t_down <= r[0] < t_up]
+    bad = sum(r[2] != 200 for r in records)
+    p99 = percentile([r[1] for r in down], 0.99)
+    healthy = percentile([r[1] for r in records if r[0] < t_down - 0.2], 0.99)
+    back = next((r[0] for r in records if r[0] >= t_up and not r[3]), None)
+    late = [r for r in records if back is not None and r[0] >= back + 0.1]
+    fault_name = f"service: its Redis SIGKILLed for {up_at - down_at:.1f} s, restarted empty"
+    return [
+        Row(
+            fault_name,
+            "every HTTP request answered 200 (fail-open, degraded), none 5xx; /healthz 503 "
+            "while down, 200 after",
+            f"{len(records)} answered, {bad} not 200, {errors} connection errors, "
+            f"{sum(r[3] for r in records)} degraded; /healthz {health.get('down')} down, "
+            f"{health.get('back')} after",
+            alive and bad == 0 and errors == 0 and health == {"down": 503, "back": 200},
+        ),
+        Row(
+            fault_name,
+            f"latency p99 while down < 2x socket_timeout ({2000 * timeout:.0f} ms); once back, "
+            "every decision exact",
+            f"p99 {p99 * 1000:.1f} ms while down (healthy p99 {healthy * 1000:.1f} ms); back "
+            + ("never" if back is None else f"{back - t_up:.2f} s after restart")
+            + f", then {sum(not r[3] for r in late)}/{len(late)} exact",
+            bool(down) and p99 < 2 * timeout and bool(late) and not any(r[3] for r in late),
+        ),
+    ]
