@@ -16,6 +16,7 @@ from ratekeeper.plan import Plan
 from ratekeeper.service.batching import Batcher, RedisPipeline, Reply
 from ratekeeper.service.metrics import Metrics
 from ratekeeper.stores.keys import redis_key
+from tests import redis_servers as rs
 
 
 class MemoryMany:
@@ -167,3 +168,25 @@ def test_a_plan_whose_script_fails_fails_alone(redis_url: str) -> None:
         return [d.degraded for d in ds]
 
     assert asyncio.run(go()) == [False, True, False, False]
+
+
+def test_a_connection_pooled_before_a_restart_is_retried_once(fresh_redis: rs.RedisServer) -> None:
+    """Found by the reliability suite: after a Redis restart every idle pooled connection
+    failed its next batch (no retry), so the breaker reopened seconds after Redis was back."""
+
+    async def go() -> list[tuple[bool, int]]:
+        client = redis.asyncio.Redis.from_url(fresh_redis.url)
+        limiter = AsyncLimiter(Batcher(RedisPipeline(client)), clock=ManualClock())
+        # several connections in the pool, all connected before the restart
+        await asyncio.gather(*(client.ping() for _ in range(8)))
+        assert (await limiter.hit("k", "5/minute")).remaining == 4
+        fresh_redis.restart()  # same port, empty: every pooled connection is now dead
+        out = []
+        for _ in range(4):
+            d = await limiter.hit("k", "5/minute")
+            out.append((d.degraded, d.remaining))
+        assert limiter.stats()["store_errors"] == 0
+        await client.aclose()
+        return out
+
+    assert asyncio.run(go()) == [(False, 4), (False, 3), (False, 2), (False, 1)]

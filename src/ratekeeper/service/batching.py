@@ -28,7 +28,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
@@ -200,6 +202,22 @@ class RedisPipeline:
         return out
 
     async def _send(self, commands: list[Command], packed: list[bytes]) -> list[object]:
+        """Write the batch on one pooled connection and read its replies in order.
+
+        A connection that drops before any reply is read (one pooled before a Redis restart)
+        is retried once at once on a fresh connection, as ``RedisStore`` does; a timeout or
+        a drop after replies began is never retried (the scripts may have run).
+        """
+        try:
+            return await self._send_once(commands, packed)
+        except _Dropped:
+            pass
+        try:
+            return await self._send_once(commands, packed)
+        except _Dropped as dropped:
+            return [_unavailable(dropped.error)] * len(commands)
+
+    async def _send_once(self, commands: list[Command], packed: list[bytes]) -> list[object]:
         pool = self.client.connection_pool
         raw: list[object] = []
         try:
@@ -216,6 +234,8 @@ class RedisPipeline:
                     raw.append(exc)
         except (RedisError, OSError) as exc:
             await conn.disconnect()  # replies may be half read: never reuse this connection
+            if not raw and _dropped(exc):
+                raise _Dropped(exc) from exc
             return [_unavailable(exc)] * len(commands)
         finally:
             await pool.release(conn)
@@ -251,6 +271,21 @@ def pack(command: Command) -> bytes:
             raise TypeError(f"cannot send {arg!r} to Redis: expected str, int or bytes")
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+class _Dropped(Exception):
+    """The connection was found closed before any reply was read: worth one retry."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _dropped(exc: BaseException) -> bool:
+    """A closed or reset connection, not a timeout (a timed-out batch may have run)."""
+    if isinstance(exc, RedisTimeoutError | TimeoutError):
+        return False
+    return isinstance(exc, RedisConnectionError | ConnectionError)
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
