@@ -71,8 +71,8 @@ class MemoryStore:
                     state = entry[1]
             outcome, new = algorithm.step(state, limit, now, plan.cost, True)
             if outcome.allowed:  # _write, inlined (the hot path)
-                data.pop(k, None)  # re-insert at the end: the order is least recently used first
                 data[k] = (algorithm.expires_ms(new, limit), new)
+                data.move_to_end(k)  # the order is least recently used first
                 if len(data) > self.max_keys:
                     data.popitem(last=False)
                 self._writes += 1
@@ -157,8 +157,8 @@ class MemoryStore:
 
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
         data = self._data
-        data.pop(key, None)  # re-insert at the end: the order is least recently used first
         data[key] = (expires_ms, state)
+        data.move_to_end(key)  # the order is least recently used first
         if len(data) > self.max_keys:
             data.popitem(last=False)
         self._writes += 1
