@@ -54,7 +54,9 @@ def script(name: str) -> Script:
         raise ConfigError(
             f"no Lua script for algorithm {name!r}; expected one of {sorted(ALGORITHMS)}"
         )
-    source = resources.files("ratekeeper.algorithms").joinpath("lua", f"{name}.lua").read_text()
+    lua = resources.files("ratekeeper.algorithms").joinpath("lua")
+    # integer.lua (exact integer division) is shared by every twin: one copy, prepended here
+    source = lua.joinpath("integer.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
     sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
     _BY_SHA[sha] = source
     return Script(name, source, sha)

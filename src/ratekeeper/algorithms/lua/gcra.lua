@@ -15,20 +15,7 @@
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now_us = now * 1000
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(a, b)
-  return -idiv(-a, b)
-end
+-- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
 local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do

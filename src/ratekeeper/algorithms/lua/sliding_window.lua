@@ -16,20 +16,7 @@
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(a, b)
-  return -idiv(-a, b)
-end
+-- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
 -- shift the stored counts to the bucket holding now: cur, elapsed part x period, counts
 local function align(raw, n, p)
