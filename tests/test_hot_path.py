@@ -118,3 +118,93 @@ def test_fast_builders_set_every_field() -> None:
     ]
     for p in plans:
         assert {f.name: getattr(p, f.name) for f in dataclasses.fields(Plan)}
+
+
+class _PlanOnly:
+    """A MemoryStore seen only through ``execute``: the limiters cannot take their fast path."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        return self.inner.execute(plan)
+
+    async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
+        return self.inner.execute(plan)
+
+
+class _CountingStore(MemoryStore):
+    """A MemoryStore that counts the hits its ``hit_one`` answered for a limiter."""
+
+    direct = 0
+
+    def execute(self, plan: Plan) -> tuple[Outcome, ...]:
+        if plan.op == "hit" and len(plan.policy.slots) == 1:
+            self.direct -= 1  # execute's own call to hit_one is not a direct one
+        return super().execute(plan)
+
+    def hit_one(self, *args: Any) -> Outcome:
+        self.direct += 1
+        return super().hit_one(*args)
+
+
+CALLS: list[dict[str, Any]] = [
+    {"rate": "5/second"},
+    {"rate": "5/second", "algorithm": "gcra", "burst": 2},
+    {"rate": "5/second", "algorithm": "token_bucket", "burst": 8},
+    {"rate": "5/second", "algorithm": "sliding_window", "buckets": 3},
+    {"rate": "5/second", "algorithm": "sliding_window"},
+    {"rate": "5/second", "algorithm": "sliding_log"},
+    {"rate": "2/second; 7/minute", "algorithm": "token_bucket"},  # a stack: the plan path
+    {"rate": Rate.parse("3/second")},
+    {"rate": [Rate(4, 1.0)]},  # unhashable: never cached, the plan path every time
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_limiter_fast_path_decides_like_the_plan_path(seed: int) -> None:
+    """``Limiter.hit`` on a ``LocalStore`` skips the Plan; every field must come out the same."""
+    rng = random.Random(seed)
+    clock = ManualClock(1_700_000_000.0)
+    counting = _CountingStore(max_keys=50)
+    fast, slow = Limiter(store=counting, clock=clock), Limiter(store=_PlanOnly(), clock=clock)
+    for _ in range(1500):
+        clock.advance(rng.choice((0.0, 0.0, 0.001, 0.05, 0.3, 1.2)))
+        call = rng.choice(CALLS)
+        key = rng.choice(("a", "b", "ü", "x" * 300))
+        cost = rng.choice((1, 1, 1, 2, 5, 9))
+        op = rng.choice(("hit", "hit", "hit", "peek", "refund"))
+        rate, options = call["rate"], {k: v for k, v in call.items() if k != "rate"}
+        a = getattr(fast, op)(key, rate, cost=cost, **options)
+        b = getattr(slow, op)(key, rate, cost=cost, **options)
+        assert a == b
+    assert counting.direct > 500  # the fast path was really taken
+
+
+def test_async_limiter_takes_the_same_fast_path() -> None:
+    import asyncio
+
+    from ratekeeper import AsyncLimiter
+
+    clock = ManualClock(1_700_000_000.0)
+    counting = _CountingStore()
+    fast, slow = AsyncLimiter(store=counting, clock=clock), Limiter(store=_PlanOnly(), clock=clock)
+
+    async def drive() -> None:
+        for i in range(40):
+            clock.advance(0.05 * (i % 3))
+            assert await fast.hit("k", "5/second", algorithm="gcra") == slow.hit(
+                "k", "5/second", algorithm="gcra"
+            )
+
+    asyncio.run(drive())
+    assert counting.direct == 39  # all but the first call, which built and cached the policy
+
+
+@pytest.mark.parametrize("bad", [{"cost": -1}, {"cost": 1.0}, {"cost": True}, {"key": ""}])
+def test_fast_path_leaves_bad_input_to_the_checks(bad: dict[str, Any]) -> None:
+    limiter = Limiter(clock=ManualClock(1_700_000_000.0))
+    limiter.hit("k", "5/second")  # the policy is cached: the next call could go fast
+    args: dict[str, Any] = {"key": "k", "cost": 1, **bad}
+    with pytest.raises(ValueError, match="invalid"):
+        limiter.hit(args["key"], "5/second", cost=args["cost"])

@@ -33,11 +33,12 @@ from .plan import (
     check_cost,
     check_key,
     decide,
+    decide_one,
     degraded,
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncStore, Partitioned, Store
+from .stores.base import AsyncStore, LocalStore, Partitioned, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -65,6 +66,9 @@ class _Core:
         self.clock = clock
         self.fail_open = fail_open
         self._policies: dict[tuple[Any, ...], Policy] = {}
+        self._singles: dict[tuple[Any, ...], Policy] = {}
+        """The cached policies of one rate: the ones ``local_hit`` may decide."""
+        self.hit_one: Callable[..., Outcome] | None = None
         self._last_log = -1e18
         self.counts = {"degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0}
 
@@ -72,6 +76,35 @@ class _Core:
         """Keep one breaker per partition if ``store`` declares partitions."""
         self.partition = store.partition if isinstance(store, Partitioned) else None
         self.only = None if self.partition is not None else self._breakers[0]
+        self.hit_one = store.hit_one if isinstance(store, LocalStore) else None
+
+    def local_hit(
+        self,
+        key: str,
+        rate: RateSpec,
+        algorithm: str,
+        cost: int,
+        burst: int | None,
+        buckets: int | None,
+    ) -> Decision | None:
+        """A hit decided by an in-process store without a ``Plan`` (the fast path), or None
+        when the call needs the full path: another store, a policy not seen yet or of several
+        rates, or a key or cost that needs checking. The same decision either way."""
+        if self.hit_one is None or type(key) is not str or not key or type(cost) is not int:
+            return None
+        try:
+            policy = self._singles.get(
+                (rate, algorithm)
+                if burst is None and buckets is None
+                else (rate, algorithm, burst, buckets, type(burst), type(buckets))
+            )
+        except TypeError:  # an unhashable rate sequence: never cached
+            return None
+        if policy is None or cost < 1:
+            return None
+        now = round(self.clock() * 1000)
+        outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
+        return decide_one(policy, outcome, now)
 
     def plan(
         self,
@@ -100,6 +133,8 @@ class _Core:
             if len(self._policies) < 10_000:
                 with contextlib.suppress(TypeError):
                     self._policies[cache_key] = policy
+                    if len(policy.limits) == 1:
+                        self._singles[cache_key] = policy
         if type(key) is not str or not key:
             check_key(key)
         if type(cost) is not int or cost < 1:
@@ -242,7 +277,9 @@ class Limiter(_Base):
         buckets: int | None = None,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = self._run(self._core.plan("hit", key, rate, algorithm, cost, burst, buckets))
+        decision = self._core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        if decision is None:
+            decision = self._run(self._core.plan("hit", key, rate, algorithm, cost, burst, buckets))
         assert decision is not None  # hit and peek always produce a decision
         return decision
 
@@ -330,9 +367,11 @@ class AsyncLimiter(_Base):
         buckets: int | None = None,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = await self._run(
-            self._core.plan("hit", key, rate, algorithm, cost, burst, buckets)
-        )
+        decision = self._core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        if decision is None:
+            decision = await self._run(
+                self._core.plan("hit", key, rate, algorithm, cost, burst, buckets)
+            )
         assert decision is not None
         return decision
 

@@ -127,21 +127,8 @@ def run_stack(
 def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
     """Fold per-rate outcomes into the caller's ``Decision`` (see its docstring for the rule)."""
     policy = plan.policy
-    if len(outcomes) == 1:  # one rate: make_decision's body, inlined (the hot path)
-        o = outcomes[0]
-        d = _DecisionFields()
-        d.allowed = allowed = o.allowed
-        d.limit = policy.limits[0].capacity
-        d.remaining = o.remaining
-        d.reset_at = o.reset_ms / 1000
-        d.retry_after = 0.0 if allowed else o.retry_ms / 1000
-        d.rate = policy.rates[0]
-        d.stack = policy.rates
-        d.now = plan.now_ms / 1000
-        d.degraded = False
-        d.quotas = ()
-        d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
-        return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
+    if len(outcomes) == 1:
+        return decide_one(policy, outcomes[0], plan.now_ms)
     allowed = all(o.allowed for o in outcomes)
     if allowed:
         chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].remaining)
@@ -162,6 +149,23 @@ def decide(plan: Plan, outcomes: Sequence[Outcome]) -> Decision:
         plan.now_ms / 1000,
         quotas=() if len(outcomes) == 1 else tuple(lim.capacity for lim in policy.limits),
     )
+
+
+def decide_one(policy: Policy, o: Outcome, now_ms: int) -> Decision:
+    """``decide`` for a policy of one rate (the hot path: ``make_decision``'s body, inlined)."""
+    d = _DecisionFields()
+    d.allowed = allowed = o[0]
+    d.limit = policy.limits[0].capacity
+    d.remaining = o[1]
+    d.reset_at = o[2] / 1000
+    d.retry_after = 0.0 if allowed else o[3] / 1000
+    d.rate = policy.rates[0]
+    d.stack = policy.rates
+    d.now = now_ms / 1000
+    d.degraded = False
+    d.quotas = ()
+    d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
+    return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
 
 
 def degraded(plan: Plan) -> Decision:

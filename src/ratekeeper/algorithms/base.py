@@ -38,7 +38,9 @@ class Limit:
     """One rate of a stack with its algorithm's options resolved: all a step needs.
 
     ``capacity`` is the most units that may pass at one instant: ``burst`` when set, else
-    ``count``. It is derived once here because every step reads it.
+    ``count``. It is derived once here because every step reads it. ``unit`` is a constant an
+    algorithm derives from the rate once instead of on every step (gcra: the emission interval
+    in µs); 0 when unused.
     """
 
     rate: Rate
@@ -46,6 +48,7 @@ class Limit:
     period_ms: int
     burst: int = 0
     buckets: int = 1
+    unit: int = 0
     capacity: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -39,7 +39,7 @@ def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
     # the largest value a step computes is now + burst*T (the stored tat) + cost*T <= now + 2*tau
     tau = burst * interval_us(rate.count, rate.period_ms)
     check_exact(HORIZON_MS * 1000 + 2 * tau, f"burst {burst} x interval", NAME)
-    return Limit(rate, rate.count, rate.period_ms, burst=burst)
+    return Limit(rate, rate.count, rate.period_ms, burst=burst, unit=tau // burst)
 
 
 def interval_us(count: int, period_ms: int) -> int:
@@ -51,7 +51,7 @@ def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
     """Admit if the new arrival time stays within ``burst*T`` of now."""
-    t = -(-limit.period_ms * 1000 // limit.count)  # interval_us, inlined: this is the hot path
+    t = limit.unit  # interval_us(count, period_ms), derived once by make_limit
     capacity = limit.capacity
     tau = capacity * t
     now_us = now_ms * 1000
@@ -60,10 +60,11 @@ def step(
     if cost <= capacity and new_tat - now_us <= tau:
         if charge:
             tat = state = new_tat
-        return new_outcome((True, max(0, (now_us + tau - tat) // t), -(-tat // 1000), 0.0)), state
+        # here tat <= now + tau, so the remaining count is >= 0 without max()
+        return new_outcome((True, (now_us + tau - tat) // t, -(-tat // 1000), 0.0)), state
     retry = INF if cost > capacity else float(-(-(new_tat - tau - now_us) // 1000))
-    remaining = max(0, (now_us + tau - tat) // t)
-    return new_outcome((False, remaining, -(-tat // 1000), retry)), state
+    ahead = now_us + tau - tat
+    return new_outcome((False, ahead // t if ahead > 0 else 0, -(-tat // 1000), retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
@@ -71,7 +72,7 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
     if state is None:
         return None
     now_us = now_ms * 1000
-    return max(now_us, state - cost * interval_us(limit.count, limit.period_ms))
+    return max(now_us, state - cost * limit.unit)
 
 
 def expires_ms(state: State, limit: Limit) -> int:

@@ -71,8 +71,10 @@ def step(
         retry = INF
     else:
         retry = float(log[size + cost - most - 1] + limit.period_ms - now_ms)
-    reset = max(now_ms, log[-1] + limit.period_ms) if log else now_ms
-    return new_outcome((allowed, max(0, most - size), reset, retry)), state
+    reset = log[-1] + limit.period_ms if log else now_ms
+    if reset < now_ms:  # conditionals, not max(): a builtin call each, on the hot path
+        reset = now_ms
+    return new_outcome((allowed, most - size if size < most else 0, reset, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:

@@ -94,10 +94,13 @@ def step(
         new += cost
         used += cost * p
         state = (cur, (new, old) if old else (new,))
-    remaining = max(0, (most * p - used) // p)
+    left = most * p - used  # conditionals, not max(): a builtin call each, on the hot path
+    remaining = left // p if left > 0 else 0
     reset = (cur + 2) * p if new else (cur + 1) * p if old else now_ms
+    if reset < now_ms:
+        reset = now_ms
     if allowed:
-        return new_outcome((True, remaining, max(now_ms, reset), 0.0)), state
+        return new_outcome((True, remaining, reset, 0.0)), state
     if cost > most:
         retry = INF
     else:  # _admit_at for one bucket: when the old counter has faded enough, or has left
@@ -108,7 +111,7 @@ def step(
             room, start, oldest = (most - cost) * p, (cur + 1) * p, new
         need = p - room // oldest if oldest else 0
         retry = float(max(now_ms, start + max(0, need)) - now_ms)
-    return new_outcome((False, remaining, max(now_ms, reset), retry)), state
+    return new_outcome((False, remaining, reset, retry)), state
 
 
 def _step_buckets(

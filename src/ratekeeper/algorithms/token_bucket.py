@@ -54,11 +54,17 @@ def step(
         scaled, updated = full, now_ms
     else:
         scaled, updated = state
-        if now_ms > updated:
-            elapsed = min(now_ms - updated, -(-(full - scaled) // count))
-            scaled, updated = min(full, scaled + elapsed * count), now_ms
+        if now_ms > updated:  # conditionals, not min(): a builtin call each, on the hot path
+            elapsed = now_ms - updated
+            fill = -(-(full - scaled) // count)
+            if fill < elapsed:
+                elapsed = fill
+            scaled += elapsed * count
+            if scaled > full:
+                scaled = full
+            updated = now_ms
     need = cost * period
-    since = max(now_ms, updated)
+    since = updated if updated > now_ms else now_ms
     if scaled >= need:
         if charge:
             scaled -= need

@@ -5,7 +5,9 @@ capability, ``AsyncStore`` the async one; a limiter checks the one it needs once
 ``Partitioned`` is optional: a store whose parts fail independently (the shards of
 ``ShardedRedisStore``) names each plan's part, and the limiter keeps one circuit breaker per
 part, so a dead shard degrades only its own keys. ``KeyPartitioned`` says the same for calls
-that carry a caller key but no plan (leases: the concurrency limiter's breakers).
+that carry a caller key but no plan (leases: the concurrency limiter's breakers). ``LocalStore``
+is optional too: an in-process store (``MemoryStore``) that can take a one-rate hit without a
+``Plan``, which the limiters use as their fast path.
 Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..algorithms import Outcome
+from ..algorithms import Algorithm, Limit, Outcome
 from ..plan import Plan
 
 
@@ -50,4 +52,15 @@ class KeyPartitioned(Protocol):
 
     def partition_key(self, key: str) -> int:
         """The part that holds ``key``; the same part ``Partitioned.partition`` names for it."""
+        ...
+
+
+@runtime_checkable
+class LocalStore(Protocol):
+    """An in-process store that takes a one-rate hit directly (no ``Plan``, no I/O, no breaker)."""
+
+    def hit_one(
+        self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
+    ) -> Outcome:
+        """The outcome ``execute`` would give for a ``hit`` plan of one rate."""
         ...

@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ..algorithms import Outcome
+from ..algorithms import Algorithm, Limit, Outcome
 from ..plan import Plan, run_stack
 from .leases import MemoryLeases
 
@@ -52,11 +52,23 @@ class MemoryStore:
         policy = plan.policy
         if plan.op != "hit" or len(policy.slots) != 1:
             return self._execute(plan)
-        # the common case, one rate and a hit: the same steps as ``_execute``, without the loops
-        limit = policy.limits[0]
-        algorithm = policy.algorithm
-        now = plan.now_ms
-        k = (policy.slots[0], plan.key)
+        return (
+            self.hit_one(
+                policy.slots[0],
+                plan.key,
+                policy.algorithm,
+                policy.limits[0],
+                plan.now_ms,
+                plan.cost,
+            ),
+        )
+
+    def hit_one(
+        self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
+    ) -> Outcome:
+        """A hit on one rate (``LocalStore``): ``execute``'s common case, also called by the
+        limiters directly so that it needs no ``Plan``; the same steps as ``_execute``."""
+        k = (slot, key)
         data = self._data
         lock = self._lock
         lock.acquire()  # not ``with``: acquire/try/finally measured ~90 ns cheaper per call
@@ -69,8 +81,8 @@ class MemoryStore:
                     entry = None
                 else:
                     state = entry[1]
-            outcome, new = algorithm.step(state, limit, now, plan.cost, True)
-            if outcome.allowed:  # _write, inlined (the hot path)
+            outcome, new = algorithm.step(state, limit, now, cost, True)
+            if outcome[0]:  # _write, inlined (the hot path)
                 data[k] = (algorithm.expires_ms(new, limit), new)
                 data.move_to_end(k)  # the order is least recently used first
                 if len(data) > self.max_keys:
@@ -83,7 +95,7 @@ class MemoryStore:
                 data.move_to_end(k)
         finally:
             lock.release()
-        return (outcome,)
+        return outcome
 
     def _execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Any plan: stacks, peeks, refunds and resets."""
