@@ -4,8 +4,8 @@ Thread-safe (one lock around each plan) and asyncio-safe (no await inside a plan
 all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 
 - an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
-  touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` writes) drops the
-  rest;
+  touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` keys added) drops
+  the rest (only added keys grow the store, so a write to a live key skips the bookkeeping);
 - leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
   delegates to; a key's lease table is dropped when its last lease goes, and ``sweep()`` drops
   leases that expired unreleased;
@@ -39,7 +39,7 @@ class MemoryStore:
             raise ValueError(f"max_keys={max_keys!r} is invalid; expected a whole number >= 1")
         self.max_keys = max_keys
         self._sweep_every = sweep_every
-        self._writes = 0
+        self._added = 0
         self._data: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._leases = MemoryLeases()
@@ -84,13 +84,10 @@ class MemoryStore:
             outcome, new = algorithm.step(state, limit, now, cost, True)
             if outcome[0]:  # _write, inlined (the hot path)
                 data[k] = (algorithm.expires_ms(new, limit), new)
-                data.move_to_end(k)  # the order is least recently used first
-                if len(data) > self.max_keys:
-                    data.popitem(last=False)
-                self._writes += 1
-                if self._writes >= self._sweep_every:
-                    self._writes = 0
-                    self._sweep_some(now, budget=64)
+                if entry is None:
+                    self._grew(now)
+                else:
+                    data.move_to_end(k)  # the order is least recently used first
             elif entry is not None:  # a rejection is a use too: move the live entry to the end
                 data.move_to_end(k)
         finally:
@@ -169,13 +166,22 @@ class MemoryStore:
 
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
         data = self._data
-        data[key] = (expires_ms, state)
-        data.move_to_end(key)  # the order is least recently used first
+        if key in data:
+            data[key] = (expires_ms, state)
+            data.move_to_end(key)  # the order is least recently used first
+        else:
+            data[key] = (expires_ms, state)  # a new key goes last, most recently used
+            self._grew(now_ms)
+
+    def _grew(self, now_ms: int) -> None:
+        """A key was added: evict the least recently used past ``max_keys``, and sweep a few
+        entries every ``sweep_every`` additions."""
+        data = self._data
         if len(data) > self.max_keys:
             data.popitem(last=False)
-        self._writes += 1
-        if self._writes >= self._sweep_every:
-            self._writes = 0
+        self._added += 1
+        if self._added >= self._sweep_every:
+            self._added = 0
             self._sweep_some(now_ms, budget=64)
 
     def _sweep_some(self, now_ms: int, budget: int) -> None:
