@@ -208,3 +208,32 @@ def test_fast_path_leaves_bad_input_to_the_checks(bad: dict[str, Any]) -> None:
     args: dict[str, Any] = {"key": "k", "cost": 1, **bad}
     with pytest.raises(ValueError, match="invalid"):
         limiter.hit(args["key"], "5/second", cost=args["cost"])
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("options", [{}, {"burst": 3}, {"buckets": 4}])
+def test_an_admitted_charged_step_resets_when_its_state_expires(
+    algorithm: str, options: dict[str, int]
+) -> None:
+    """The contract ``MemoryStore.hit_one`` relies on: ``reset_ms == expires_ms(new_state)``."""
+    module = ALGORITHMS[algorithm]
+    if any(name not in module.OPTIONS for name in options):
+        pytest.skip(f"{algorithm} takes no {options}")
+    rng = random.Random(algorithm)
+    for count, period_ms in ((1, 1000), (3, 1000), (10, 60_000), (7, 1500), (1000, 3_600_000)):
+        limit = module.make_limit(Rate(count, period_ms / 1000), dict(options))
+        state: Any = None
+        now = 1_700_000_000_000
+        admitted = 0
+        for _ in range(300):
+            # -3 and -period/4: a caller whose clock is behind the last writer's
+            now += rng.choice(
+                (0, 1, 7, -3, -period_ms // 4, period_ms // 2, period_ms, 3 * period_ms)
+            )
+            cost = rng.choice((1, 1, 2, 3, count))
+            outcome, new = module.step(state, limit, now, cost, True)
+            if outcome.allowed:
+                admitted += 1
+                assert outcome.reset_ms == module.expires_ms(new, limit), (state, now, cost)
+                state = new
+        assert admitted > 30

@@ -8,6 +8,8 @@ An algorithm module is a plain module with ``NAME``, ``CODE`` (one letter used i
   ``charge=False`` is a peek (the outcome says whether ``cost`` would fit, remaining is as now);
 - ``refund(state, limit, now_ms, cost) -> new_state``: give back, never past empty/full;
 - ``expires_ms(state, limit) -> int``: when the state stops mattering (sweeps and Redis TTLs).
+  After a charged, admitted step it equals the outcome's ``reset_ms`` (a fully reset rate is
+  the same as no state), which the memory store's one-rate hit uses instead of calling it.
 
 Times are integer epoch milliseconds (``now_ms``); the Lua twin in ``lua/<name>.lua`` does the
 same integer arithmetic (all values stay below 2**53, where doubles are exact), so the memory

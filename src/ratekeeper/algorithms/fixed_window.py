@@ -48,7 +48,7 @@ def step(
             state = (count, end)
         return new_outcome((True, most - count, end, 0.0)), state
     retry = float(end - now_ms) if cost <= most else INF
-    return new_outcome((False, max(0, most - count), end, retry)), state
+    return new_outcome((False, most - count if count < most else 0, end, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:

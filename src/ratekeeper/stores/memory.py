@@ -83,7 +83,7 @@ class MemoryStore:
                     state = entry[1]
             outcome, new = algorithm.step(state, limit, now, cost, True)
             if outcome[0]:  # _write, inlined (the hot path)
-                data[k] = (algorithm.expires_ms(new, limit), new)
+                data[k] = (outcome[2], new)  # reset_ms: expires_ms(new), see algorithms/base
                 if entry is None:
                     self._grew(now)
                 else:
