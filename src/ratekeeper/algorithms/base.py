@@ -58,7 +58,8 @@ class Limit:
 
 
 class Outcome(NamedTuple):
-    """One rate's answer. Times in epoch ms; ``retry_ms`` is 0 when allowed, inf if never."""
+    """One rate's answer. Times in epoch ms; ``retry_ms`` is 0 when allowed, inf if never
+    (the steps give whole ms as an ``int``, the Redis reply a ``float``: they compare equal)."""
 
     allowed: bool
     remaining: int

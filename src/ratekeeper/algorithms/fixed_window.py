@@ -47,7 +47,7 @@ def step(
             count += cost
             state = (count, end)
         return new_outcome((True, most - count, end, 0.0)), state
-    retry = float(end - now_ms) if cost <= most else INF
+    retry = end - now_ms if cost <= most else INF
     return new_outcome((False, most - count if count < most else 0, end, retry)), state
 
 

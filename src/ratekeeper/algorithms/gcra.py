@@ -62,7 +62,7 @@ def step(
             tat = state = new_tat
         # here tat <= now + tau, so the remaining count is >= 0 without max()
         return new_outcome((True, (now_us + tau - tat) // t, -(-tat // 1000), 0.0)), state
-    retry = INF if cost > capacity else float(-(-(new_tat - tau - now_us) // 1000))
+    retry = INF if cost > capacity else -(-(new_tat - tau - now_us) // 1000)
     ahead = now_us + tau - tat
     return new_outcome((False, ahead // t if ahead > 0 else 0, -(-tat // 1000), retry)), state
 

@@ -70,7 +70,7 @@ def step(
     elif cost > most:
         retry = INF
     else:
-        retry = float(log[size + cost - most - 1] + limit.period_ms - now_ms)
+        retry = log[size + cost - most - 1] + limit.period_ms - now_ms
     reset = log[-1] + limit.period_ms if log else now_ms
     if reset < now_ms:  # conditionals, not max(): a builtin call each, on the hot path
         reset = now_ms

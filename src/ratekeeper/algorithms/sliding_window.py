@@ -110,7 +110,8 @@ def step(
         else:
             room, start, oldest = (most - cost) * p, (cur + 1) * p, new
         need = p - room // oldest if oldest else 0
-        retry = float(max(now_ms, start + max(0, need)) - now_ms)
+        at = start + need if need > 0 else start
+        retry = at - now_ms if at > now_ms else 0
     return new_outcome((False, remaining, reset, retry)), state
 
 
@@ -132,7 +133,7 @@ def _step_buckets(
     elif cost > limit.count:
         retry = INF
     else:
-        retry = float(_admit_at(counts, cur, limit, cost, now_ms) - now_ms)
+        retry = _admit_at(counts, cur, limit, cost, now_ms) - now_ms
     return new_outcome((allowed, remaining, _reset_ms(counts, cur, limit, now_ms), retry)), state
 
 

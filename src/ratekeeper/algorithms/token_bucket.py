@@ -73,7 +73,7 @@ def step(
         return new_outcome((True, scaled // period, reset, 0.0)), state
     reset = since - (-(full - scaled) // count)
     wait = since - now_ms - (-(need - scaled) // count)
-    retry = INF if cost > limit.capacity else float(wait)
+    retry = INF if cost > limit.capacity else wait
     return new_outcome((False, scaled // period, reset, retry)), state
 
 
