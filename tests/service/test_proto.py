@@ -33,7 +33,13 @@ def test_field_numbers_are_envoys() -> None:
         return {f.name: f.number for f in message.DESCRIPTOR.fields}  # type: ignore[attr-defined]
 
     assert numbers(pb.RateLimitRequest) == {"domain": 1, "descriptors": 2, "hits_addend": 3}
-    assert numbers(pb.RateLimitDescriptor) == {"entries": 1}
+    assert numbers(pb.RateLimitDescriptor) == {"entries": 1, "limit": 2, "hits_addend": 3}
+    assert numbers(pb.RateLimitDescriptor.RateLimitOverride) == {"requests_per_unit": 1, "unit": 2}
+    unit = pb.RateLimitResponse.RateLimit.Unit
+    assert dict(unit.items()) == {
+        "UNKNOWN": 0, "SECOND": 1, "MINUTE": 2, "HOUR": 3, "DAY": 4, "MONTH": 5, "YEAR": 6,
+        "WEEK": 7,
+    }  # fmt: skip
     assert numbers(pb.RateLimitDescriptor.Entry) == {"key": 1, "value": 2}
     assert numbers(pb.RateLimitResponse) == {
         "overall_code": 1,

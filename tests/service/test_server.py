@@ -263,9 +263,49 @@ def test_grpc_should_rate_limit(service: ServiceProcess) -> None:
     assert other.overall_code == OK  # each value of a key-only descriptor has its own counter
 
 
+def test_grpc_per_descriptor_hits_addend_and_limit_override(service: ServiceProcess) -> None:
+    from google.protobuf.wrappers_pb2 import UInt64Value
+
+    OK, OVER = pb.RateLimitResponse.OK, pb.RateLimitResponse.OVER_LIMIT
+    Limit = pb.RateLimitDescriptor.RateLimitOverride
+    monthly = descriptor(("ip", "9.9.9.9"))
+    monthly.limit.CopyFrom(Limit(requests_per_unit=3, unit=pb.RateLimitResponse.RateLimit.MONTH))
+    monthly.hits_addend.CopyFrom(UInt64Value(value=2))
+    first = grpc_call(service, pb.RateLimitRequest(domain="edge", descriptors=[monthly]))
+    (status,) = first.statuses
+    assert status.code == OK and status.limit_remaining == 1  # 2 of the override's 3
+    assert status.current_limit.unit == pb.RateLimitResponse.RateLimit.MONTH
+    assert status.current_limit.requests_per_unit == 3
+    assert status.current_limit.name == "edge/override:3/30d"
+    check = descriptor(("ip", "9.9.9.9"))
+    check.limit.CopyFrom(monthly.limit)
+    check.hits_addend.CopyFrom(UInt64Value(value=0))  # check only: charges nothing
+    for _ in range(3):
+        again = grpc_call(service, pb.RateLimitRequest(domain="edge", descriptors=[check]))
+        assert again.overall_code == OK and again.statuses[0].limit_remaining == 1
+    over = grpc_call(
+        service, pb.RateLimitRequest(domain="edge", descriptors=[monthly], hits_addend=1)
+    )
+    assert over.overall_code == OVER  # the descriptor's 2 replaces the request's 1
+
+
+def _bad_unit() -> pb.RateLimitDescriptor:
+    d = descriptor(("ip", "x"))
+    d.limit.requests_per_unit = 5  # unit left UNKNOWN
+    return d
+
+
+def _bad_hits() -> pb.RateLimitDescriptor:
+    d = descriptor(("ip", "x"))
+    d.hits_addend.value = 2**40
+    return d
+
+
 @pytest.mark.parametrize(
     "request_",
     [
+        pb.RateLimitRequest(domain="edge", descriptors=[_bad_unit()]),
+        pb.RateLimitRequest(domain="edge", descriptors=[_bad_hits()]),
         pb.RateLimitRequest(domain="", descriptors=[descriptor(("ip", "x"))]),
         pb.RateLimitRequest(domain="missing", descriptors=[descriptor(("ip", "x"))]),
         pb.RateLimitRequest(domain="edge"),

@@ -22,7 +22,10 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
 - Envoy descriptors: each is matched entry by entry down its domain's tree (an exact
   ``key=value`` node first, then a ``key`` node matching any value); the node reached by the
   last entry sets the limit. Its counter key is the request's entries, so a ``key``-only node
-  limits each value separately. Descriptors are charged independently, as Envoy does.
+  limits each value separately. Descriptors are charged independently, as Envoy does. A
+  descriptor may carry its own ``hits_addend`` (0 checks without charging: a peek) and a limit
+  override, which replaces whatever the tree says with a fixed window of that rate, counted
+  apart from the configured limits (its policy is named ``<domain>/override:<rate>``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from ..concurrency import AsyncConcurrencyLimiter, Lease
 from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
+from ..plan import make_policy
+from ..rates import Rate
 from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
@@ -73,6 +78,17 @@ class LeaseResult:
     degraded: bool = False
     shadow: bool = False
     """A shadow policy was full (the request was answered acquired, holding nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyDescriptor:
+    """One descriptor of a ShouldRateLimit request, with Envoy's per-descriptor fields."""
+
+    entries: tuple[tuple[str, str], ...]
+    hits: int | None = None
+    """This descriptor's ``hits_addend`` when set: it replaces the request's; 0 checks only."""
+    limit: tuple[int, int] | None = None
+    """Envoy's limit override ``(requests_per_unit, unit seconds)``: replaces the configured one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +203,7 @@ class Engine:
         self.cache = OverLimitCache()
         self.config = config
         self.overrides: dict[str, tuple[bool, bool]] = {}
+        self._limit_overrides: dict[tuple[str, int, int], PolicySpec] = {}
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
@@ -346,33 +363,58 @@ class Engine:
         return Result(decision, spec.name)
 
     async def should_rate_limit(
-        self, domain: str, descriptors: Sequence[Sequence[tuple[str, str]]], hits: int
+        self,
+        domain: str,
+        descriptors: Sequence[EnvoyDescriptor | Sequence[tuple[str, str]]],
+        hits: int,
     ) -> list[DescriptorResult]:
-        """Envoy's ShouldRateLimit: one answer per descriptor, in order."""
+        """Envoy's ShouldRateLimit: one answer per descriptor, in order. A descriptor is an
+        ``EnvoyDescriptor`` or just its entries."""
         tree = self.config.domains.get(domain)
         if tree is None:
             raise BadRequest("domain", f"domain {domain!r} is not configured", 404)
         out: list[DescriptorResult] = []
-        for entries in descriptors:
-            node = None
-            level = tree
-            for k, v in entries:
-                # configured keys hold no '=', so "k=v" names exactly one (key, value) pair
-                node = None if "=" in k else level.get(f"{k}={v}") or level.get(k)
-                if node is None:
-                    break
-                level = node.children
-            if node is None:
-                out.append(DescriptorResult(None))
-            elif node.unlimited:
-                out.append(DescriptorResult(None, unlimited=True))
-            elif node.policy is None:
-                out.append(DescriptorResult(None))
+        for item in descriptors:
+            d = item if isinstance(item, EnvoyDescriptor) else EnvoyDescriptor(tuple(item))
+            if d.limit is not None:
+                spec = self.limit_override(domain, *d.limit)
             else:
-                key = self.check_key(envoy_key(domain, entries), "descriptors")
+                node = None
+                level = tree
+                for k, v in d.entries:
+                    # configured keys hold no '=', so "k=v" names exactly one (key, value) pair
+                    node = None if "=" in k else level.get(f"{k}={v}") or level.get(k)
+                    if node is None:
+                        break
+                    level = node.children
+                if node is None or node.unlimited or node.policy is None:
+                    out.append(
+                        DescriptorResult(None, unlimited=node is not None and node.unlimited)
+                    )
+                    continue
                 spec = self.spec(node.policy)
-                out.append(DescriptorResult(await self._decide("hit", spec, key, hits)))
+            key = self.check_key(envoy_key(domain, d.entries), "descriptors")
+            cost = hits if d.hits is None else d.hits
+            op = "hit" if cost > 0 else "peek"
+            out.append(DescriptorResult(await self._decide(op, spec, key, max(cost, 1))))
         return out
+
+    def limit_override(self, domain: str, requests_per_unit: int, unit: int) -> PolicySpec:
+        """The fixed-window policy of an Envoy limit override (0 requests: always over)."""
+        cache_key = (domain, requests_per_unit, unit)
+        spec = self._limit_overrides.get(cache_key)
+        if spec is None:
+            rate = Rate(max(requests_per_unit, 1), float(unit))
+            spec = PolicySpec(
+                f"{domain}/override:{rate.code}",
+                make_policy((rate,), "fixed_window", None, None),
+                rate.code,
+                "fixed_window",
+                block=requests_per_unit == 0,
+            )
+            if len(self._limit_overrides) < 10_000:
+                self._limit_overrides[cache_key] = spec
+        return spec
 
 
 def _fixed(spec: PolicySpec, now: float, allowed: bool) -> Decision:

@@ -23,33 +23,36 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ratekeeper/service/proto/rls.proto\x12\x1a\x65nvoy.service.ratelimit.v3\x1a\x1egoogle/protobuf/duration.proto\"\x82\x01\n\x13RateLimitDescriptor\x12\x46\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x35.envoy.service.ratelimit.v3.RateLimitDescriptor.Entry\x1a#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"}\n\x10RateLimitRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x44\n\x0b\x64\x65scriptors\x18\x02 \x03(\x0b\x32/.envoy.service.ratelimit.v3.RateLimitDescriptor\x12\x13\n\x0bhits_addend\x18\x03 \x01(\r\")\n\x0bHeaderValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xab\x06\n\x11RateLimitResponse\x12H\n\x0coverall_code\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12P\n\x08statuses\x18\x02 \x03(\x0b\x32>.envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus\x12H\n\x17response_headers_to_add\x18\x03 \x03(\x0b\x32\'.envoy.service.ratelimit.v3.HeaderValue\x12G\n\x16request_headers_to_add\x18\x04 \x03(\x0b\x32\'.envoy.service.ratelimit.v3.HeaderValue\x1a\xc0\x01\n\tRateLimit\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12J\n\x04unit\x18\x02 \x01(\x0e\x32<.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit\">\n\x04Unit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x1a\xf6\x01\n\x10\x44\x65scriptorStatus\x12@\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12N\n\rcurrent_limit\x18\x02 \x01(\x0b\x32\x37.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit\x12\x17\n\x0flimit_remaining\x18\x03 \x01(\r\x12\x37\n\x14\x64uration_until_reset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x0e\n\nOVER_LIMIT\x10\x02\x32\x84\x01\n\x10RateLimitService\x12p\n\x0fShouldRateLimit\x12,.envoy.service.ratelimit.v3.RateLimitRequest\x1a-.envoy.service.ratelimit.v3.RateLimitResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ratekeeper/service/proto/rls.proto\x12\x1a\x65nvoy.service.ratelimit.v3\x1a\x1egoogle/protobuf/duration.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\x83\x03\n\x13RateLimitDescriptor\x12\x46\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x35.envoy.service.ratelimit.v3.RateLimitDescriptor.Entry\x12P\n\x05limit\x18\x02 \x01(\x0b\x32\x41.envoy.service.ratelimit.v3.RateLimitDescriptor.RateLimitOverride\x12\x31\n\x0bhits_addend\x18\x03 \x01(\x0b\x32\x1c.google.protobuf.UInt64Value\x1a#\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x1az\n\x11RateLimitOverride\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12J\n\x04unit\x18\x02 \x01(\x0e\x32<.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit\"}\n\x10RateLimitRequest\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x44\n\x0b\x64\x65scriptors\x18\x02 \x03(\x0b\x32/.envoy.service.ratelimit.v3.RateLimitDescriptor\x12\x13\n\x0bhits_addend\x18\x03 \x01(\r\")\n\x0bHeaderValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xca\x06\n\x11RateLimitResponse\x12H\n\x0coverall_code\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12P\n\x08statuses\x18\x02 \x03(\x0b\x32>.envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus\x12H\n\x17response_headers_to_add\x18\x03 \x03(\x0b\x32\'.envoy.service.ratelimit.v3.HeaderValue\x12G\n\x16request_headers_to_add\x18\x04 \x03(\x0b\x32\'.envoy.service.ratelimit.v3.HeaderValue\x1a\xdf\x01\n\tRateLimit\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x19\n\x11requests_per_unit\x18\x01 \x01(\r\x12J\n\x04unit\x18\x02 \x01(\x0e\x32<.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit\"]\n\x04Unit\x12\x0b\n\x07UNKNOWN\x10\x00\x12\n\n\x06SECOND\x10\x01\x12\n\n\x06MINUTE\x10\x02\x12\x08\n\x04HOUR\x10\x03\x12\x07\n\x03\x44\x41Y\x10\x04\x12\t\n\x05MONTH\x10\x05\x12\x08\n\x04YEAR\x10\x06\x12\x08\n\x04WEEK\x10\x07\x1a\xf6\x01\n\x10\x44\x65scriptorStatus\x12@\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x32.envoy.service.ratelimit.v3.RateLimitResponse.Code\x12N\n\rcurrent_limit\x18\x02 \x01(\x0b\x32\x37.envoy.service.ratelimit.v3.RateLimitResponse.RateLimit\x12\x17\n\x0flimit_remaining\x18\x03 \x01(\r\x12\x37\n\x14\x64uration_until_reset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x0e\n\nOVER_LIMIT\x10\x02\x32\x84\x01\n\x10RateLimitService\x12p\n\x0fShouldRateLimit\x12,.envoy.service.ratelimit.v3.RateLimitRequest\x1a-.envoy.service.ratelimit.v3.RateLimitResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ratekeeper.service.proto.rls_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RATELIMITDESCRIPTOR']._serialized_start=99
-  _globals['_RATELIMITDESCRIPTOR']._serialized_end=229
-  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_start=194
-  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_end=229
-  _globals['_RATELIMITREQUEST']._serialized_start=231
-  _globals['_RATELIMITREQUEST']._serialized_end=356
-  _globals['_HEADERVALUE']._serialized_start=358
-  _globals['_HEADERVALUE']._serialized_end=399
-  _globals['_RATELIMITRESPONSE']._serialized_start=402
-  _globals['_RATELIMITRESPONSE']._serialized_end=1213
-  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_start=727
-  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_end=919
-  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_start=857
-  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_end=919
-  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_start=922
-  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_end=1168
-  _globals['_RATELIMITRESPONSE_CODE']._serialized_start=1170
-  _globals['_RATELIMITRESPONSE_CODE']._serialized_end=1213
-  _globals['_RATELIMITSERVICE']._serialized_start=1216
-  _globals['_RATELIMITSERVICE']._serialized_end=1348
+  _globals['_RATELIMITDESCRIPTOR']._serialized_start=131
+  _globals['_RATELIMITDESCRIPTOR']._serialized_end=518
+  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_start=359
+  _globals['_RATELIMITDESCRIPTOR_ENTRY']._serialized_end=394
+  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_start=396
+  _globals['_RATELIMITDESCRIPTOR_RATELIMITOVERRIDE']._serialized_end=518
+  _globals['_RATELIMITREQUEST']._serialized_start=520
+  _globals['_RATELIMITREQUEST']._serialized_end=645
+  _globals['_HEADERVALUE']._serialized_start=647
+  _globals['_HEADERVALUE']._serialized_end=688
+  _globals['_RATELIMITRESPONSE']._serialized_start=691
+  _globals['_RATELIMITRESPONSE']._serialized_end=1533
+  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_start=1016
+  _globals['_RATELIMITRESPONSE_RATELIMIT']._serialized_end=1239
+  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_start=1146
+  _globals['_RATELIMITRESPONSE_RATELIMIT_UNIT']._serialized_end=1239
+  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_start=1242
+  _globals['_RATELIMITRESPONSE_DESCRIPTORSTATUS']._serialized_end=1488
+  _globals['_RATELIMITRESPONSE_CODE']._serialized_start=1490
+  _globals['_RATELIMITRESPONSE_CODE']._serialized_end=1533
+  _globals['_RATELIMITSERVICE']._serialized_start=1536
+  _globals['_RATELIMITSERVICE']._serialized_end=1668
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import wrappers_pb2 as _wrappers_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -11,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RateLimitDescriptor(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "limit", "hits_addend")
     class Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -19,9 +20,20 @@ class RateLimitDescriptor(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RateLimitOverride(_message.Message):
+        __slots__ = ("requests_per_unit", "unit")
+        REQUESTS_PER_UNIT_FIELD_NUMBER: _ClassVar[int]
+        UNIT_FIELD_NUMBER: _ClassVar[int]
+        requests_per_unit: int
+        unit: RateLimitResponse.RateLimit.Unit
+        def __init__(self, requests_per_unit: _Optional[int] = ..., unit: _Optional[_Union[RateLimitResponse.RateLimit.Unit, str]] = ...) -> None: ...
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HITS_ADDEND_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RateLimitDescriptor.Entry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ...) -> None: ...
+    limit: RateLimitDescriptor.RateLimitOverride
+    hits_addend: _wrappers_pb2.UInt64Value
+    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ..., limit: _Optional[_Union[RateLimitDescriptor.RateLimitOverride, _Mapping]] = ..., hits_addend: _Optional[_Union[_wrappers_pb2.UInt64Value, _Mapping]] = ...) -> None: ...
 
 class RateLimitRequest(_message.Message):
     __slots__ = ("domain", "descriptors", "hits_addend")
@@ -60,11 +72,17 @@ class RateLimitResponse(_message.Message):
             MINUTE: _ClassVar[RateLimitResponse.RateLimit.Unit]
             HOUR: _ClassVar[RateLimitResponse.RateLimit.Unit]
             DAY: _ClassVar[RateLimitResponse.RateLimit.Unit]
+            MONTH: _ClassVar[RateLimitResponse.RateLimit.Unit]
+            YEAR: _ClassVar[RateLimitResponse.RateLimit.Unit]
+            WEEK: _ClassVar[RateLimitResponse.RateLimit.Unit]
         UNKNOWN: RateLimitResponse.RateLimit.Unit
         SECOND: RateLimitResponse.RateLimit.Unit
         MINUTE: RateLimitResponse.RateLimit.Unit
         HOUR: RateLimitResponse.RateLimit.Unit
         DAY: RateLimitResponse.RateLimit.Unit
+        MONTH: RateLimitResponse.RateLimit.Unit
+        YEAR: RateLimitResponse.RateLimit.Unit
+        WEEK: RateLimitResponse.RateLimit.Unit
         NAME_FIELD_NUMBER: _ClassVar[int]
         REQUESTS_PER_UNIT_FIELD_NUMBER: _ClassVar[int]
         UNIT_FIELD_NUMBER: _ClassVar[int]
