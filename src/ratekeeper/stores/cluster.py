@@ -136,7 +136,7 @@ class RedisClusterStore:
         """Load the slot map once before the first command (see the module docstring)."""
         if not self._async_ready:
             await client.initialize()
-            self._async_ready = False
+            self._async_ready = True
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio cluster client."""
