@@ -82,6 +82,7 @@ def outage(kind: str, quick: bool) -> list[Row]:
         else f"primary SIGSTOP {up_at - down_at:.1f} s, then SIGCONT"
     )
     ok_answers = not result.errors and all(r[2] for r in down)
+    max_down = max((r[1] for r in down), default=0.0)  # none while down: the row fails
     return [
         Row(
             fault,
@@ -94,7 +95,7 @@ def outage(kind: str, quick: bool) -> list[Row]:
             fault,
             f"latency p99 while down < 2x socket_timeout ({_ms(2 * timeout)})",
             f"p99 {_ms(p99_down)} while down (healthy p99 {_ms(p99_ok)}; "
-            f"added {_ms(max(0.0, p99_down - p99_ok))}), max {_ms(max(r[1] for r in down))}",
+            f"added {_ms(max(0.0, p99_down - p99_ok))}), max {_ms(max_down)}",
             bool(down) and p99_down < 2 * timeout,
         ),
         Row(

@@ -7,6 +7,9 @@ degraded, key index); an exception reaching the caller is counted, never swallow
 ``time.monotonic`` is system-wide on Linux, so the controller schedules faults on the same
 timeline as the workers' records.
 
+The timeline starts only once every worker has imported and connected (each says so on a
+queue), so a slow machine delays the run instead of leaving its first seconds without load.
+
 A worker can be repointed mid-run (failover): when ``repoint`` is set it rebuilds its store from
 ``LoadSpec.failover`` once, like an app server whose config was reloaded.
 """
@@ -77,16 +80,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _worker(spec: LoadSpec, start_at: float, repoint: Any, out: Any) -> None:
+def _worker(spec: LoadSpec, start: Any, ready: Any, repoint: Any, out: Any) -> None:
     box = [Limiter(spec.store.build())]
     limiters = [box[0]]
     lock = threading.Lock()
     moved = [False]
     per_thread: list[list[tuple[float, float, bool, bool, int]]] = []
     errors: list[str] = []
-    end_at = start_at + spec.duration
     for key in spec.keys[:1]:
         box[0].peek(key, spec.rate, algorithm=spec.algorithm)  # connect, load the script
+    ready.put(True)
+    while not start.value:  # the controller sets the start once every worker is ready
+        time.sleep(0.001)
+    start_at = float(start.value)
+    end_at = start_at + spec.duration
 
     def run(offset: int, mine: list[tuple[float, float, bool, bool, int]]) -> None:
         i = offset
@@ -130,18 +137,23 @@ def _worker(spec: LoadSpec, start_at: float, repoint: Any, out: Any) -> None:
 class Load:
     """Start the workers (``start``), break things meanwhile, then ``join`` for the result."""
 
-    def __init__(self, spec: LoadSpec, warmup: float = 1.5) -> None:
+    def __init__(self, spec: LoadSpec, lead: float = 0.2) -> None:
         self.spec = spec
         ctx = multiprocessing.get_context("spawn")
         self.repoint = ctx.Event()
         self.out = ctx.Queue()
-        self.start_at = time.monotonic() + warmup  # time for the spawned workers to import
+        start = ctx.Value("d", 0.0)
+        ready = ctx.Queue()
         self.procs = [
-            ctx.Process(target=_worker, args=(spec, self.start_at, self.repoint, self.out))
+            ctx.Process(target=_worker, args=(spec, start, ready, self.repoint, self.out))
             for _ in range(spec.processes)
         ]
         for p in self.procs:
             p.start()
+        for _ in self.procs:  # imported and connected (a loaded machine takes seconds)
+            ready.get(timeout=120)
+        self.start_at = time.monotonic() + lead
+        start.value = self.start_at
 
     def at(self, seconds: float) -> None:
         """Sleep until ``seconds`` after the load began."""
