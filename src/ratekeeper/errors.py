@@ -29,6 +29,11 @@ class StoreUnavailable(RatekeeperError):
     """The store could not answer and the limiter was told not to fail open."""
 
 
+class NotSent(StoreUnavailable):
+    """The store did not run the call: no connection, a connection lost before any reply, or a
+    cluster node's ``MOVED``/``ASK`` redirect. Safe to send again (the cluster batcher does)."""
+
+
 class BadRequest(RatekeeperError, ValueError):
     """A service request was refused before anything was counted.
 

@@ -108,7 +108,7 @@ def test_sharded_store(
         proc = ServiceProcess(write(tmp_path, store), grpc=False)
         try:
             with httpx.Client(base_url=proc.url, timeout=10) as http:
-                for i in range(8):
+                for i in range(16):  # 16 keys: all on one of 2 shards has odds 2**-15
                     body = {"policy": "three", "key": f"user{i}"}
                     got = [http.post("/v1/hit", json=body).json()["allowed"] for _ in range(4)]
                     assert got == [True, True, True, False]
@@ -142,16 +142,18 @@ def test_concurrency_on_every_redis_store(
     tmp_path: Path, request: pytest.FixtureRequest, kind: str
 ) -> None:
     """20 concurrent acquires of capacity 5 through the service: exactly 5 leases, in Redis."""
+    # a generous timeout: 20 concurrent calls on a loaded machine must not fail open
     if kind == "redis":
         urls = [request.getfixturevalue("redis_url")]
-        store = f"store: {urls[0]}\n"
+        store = f"store:\n  url: {urls[0]}\n  socket_timeout: 5\n"
     elif kind == "sharded":
         urls = request.getfixturevalue("shard_urls")
-        store = "store:\n  shards:\n" + "".join(f"    - url: {u}\n" for u in urls)
+        shards = "".join(f"    - url: {u}\n" for u in urls)
+        store = "store:\n  socket_timeout: 5\n  shards:\n" + shards
     else:
         url = request.getfixturevalue("cluster_url")
         urls = [n.url for n in request.getfixturevalue("redis_cluster").nodes]
-        store = f"store:\n  cluster: {url}\n"
+        store = f"store:\n  cluster: {url}\n  socket_timeout: 5\n"
     proc = ServiceProcess(write(tmp_path, store), grpc=False)
     try:
         with httpx.Client(base_url=proc.url, timeout=10) as http:

@@ -28,12 +28,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio
+from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..algorithms import Outcome
-from ..errors import ConfigError, StoreUnavailable
+from ..errors import ConfigError, NotSent, StoreUnavailable
 from ..plan import Plan
 from ..stores.redis import client_options
 from ..stores.redis_codec import Codec, Command, fallback, outcomes
@@ -54,10 +54,7 @@ class Batcher:
         max_size: int = 128,
         max_wait: float = 0.001,
     ) -> None:
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
-            raise ConfigError(f"batch max_size={max_size!r} is invalid; expected >= 1")
-        if not 0 <= max_wait <= 0.1:
-            raise ConfigError(f"batch max_wait={max_wait!r} s is invalid; expected 0 to 0.1")
+        check_batch(max_size, max_wait)
         self.execute_many = execute_many
         self.metrics = metrics
         self.max_size = max_size
@@ -130,6 +127,14 @@ class Batcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+
+def check_batch(max_size: int, max_wait: float) -> None:
+    """Refuse batch settings out of range, naming the value."""
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+        raise ConfigError(f"batch max_size={max_size!r} is invalid; expected >= 1")
+    if not 0 <= max_wait <= 0.1:
+        raise ConfigError(f"batch max_wait={max_wait!r} s is invalid; expected 0 to 0.1")
 
 
 class ShardedBatcher:
@@ -215,7 +220,7 @@ class RedisPipeline:
         try:
             return await self._send_once(commands, packed)
         except _Dropped as dropped:
-            return [_unavailable(dropped.error)] * len(commands)
+            return [_not_sent(dropped.error)] * len(commands)
 
     async def _send_once(self, commands: list[Command], packed: list[bytes]) -> list[object]:
         pool = self.client.connection_pool
@@ -223,7 +228,7 @@ class RedisPipeline:
         try:
             conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # untyped in redis-py
         except (RedisError, OSError) as exc:
-            return [_unavailable(exc)] * len(commands)
+            return [_not_sent(exc)] * len(commands)
         try:
             self.round_trips += 1
             await conn.send_packed_command(b"".join(packed), check_health=False)
@@ -249,9 +254,10 @@ class RedisPipeline:
             except (RedisError, OSError) as exc:
                 reply = exc
         if isinstance(reply, BaseException):
-            return StoreUnavailable(
-                f"redis could not run {plan.op}: {type(reply).__name__}: {reply}"
-            )
+            message = f"redis could not run {plan.op}: {type(reply).__name__}: {reply}"
+            if _redirect(reply):
+                return NotSent(message)  # a cluster node's redirect: it ran nothing
+            return StoreUnavailable(message)
         if plan.op == "reset":
             return ()
         return outcomes(reply)  # type: ignore[arg-type]  # a script's array of integers
@@ -290,3 +296,15 @@ def _dropped(exc: BaseException) -> bool:
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis pipeline failed: {type(exc).__name__}: {exc}")
+
+
+def _redirect(reply: BaseException) -> bool:
+    """A cluster node's ``MOVED``/``ASK``: parsed by redis-py (``AskError`` and its subclass
+    ``MovedError``) or raw (``ResponseError`` text)."""
+    if isinstance(reply, AskError):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith(("MOVED ", "ASK "))
+
+
+def _not_sent(exc: BaseException) -> NotSent:
+    return NotSent(f"redis pipeline not sent: {type(exc).__name__}: {exc}")

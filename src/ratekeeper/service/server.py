@@ -35,6 +35,7 @@ from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
 from .batching import Batcher, RedisPipeline, ShardedBatcher
+from .cluster_batching import ClusterBatcher
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
@@ -83,7 +84,12 @@ def build_store(
         return InstrumentedPartitionedStore(sharded, metrics), leases
     if s.kind == "cluster":
         cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        return InstrumentedStore(cluster, metrics), InstrumentedLeases(cluster, metrics)
+        leases = InstrumentedLeases(cluster, metrics)
+        if s.batch:
+            wait = s.batch_max_wait_ms / 1000
+            by_node = ClusterBatcher(cluster, s.socket_timeout, metrics, s.batch_max_size, wait)
+            return by_node, leases
+        return InstrumentedStore(cluster, metrics), leases
     raise ConfigError(f"store kind {s.kind!r} is unknown")
 
 

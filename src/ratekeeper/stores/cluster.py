@@ -132,6 +132,13 @@ class RedisClusterStore:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
 
+    async def ready(self) -> None:
+        """Load the asyncio client's slot map if it is not loaded yet (the service's batcher
+        routes plans by it)."""
+        if self.async_client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        await self._ready(self.async_client)
+
     async def _ready(self, client: redis.asyncio.RedisCluster) -> None:
         """Load the slot map once before the first command (see the module docstring)."""
         if not self._async_ready:
