@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 POLICY = "policies:\n  bench:\n    rate: 1000000000/hour\n    algorithm: {algorithm}\n"
@@ -39,6 +40,51 @@ ENVOY = (
 
 
 TIMEOUT = "  socket_timeout: 2.0\n"  # a loaded machine must not turn the run into fail-open answers
+
+
+WRK_SCRIPT = """
+local n, done, limit = 0, 0, tonumber(os.getenv("RK_BENCH_REQUESTS"))
+request = function()
+  n = n + 1
+  local body = '{"policy":"bench","key":"user' .. (n % 10000) .. '"}'
+  return wrk.format("POST", "/v1/hit", {["content-type"] = "application/json"}, body)
+end
+response = function(status, headers, body)
+  done = done + 1
+  if done >= limit then wrk.thread:stop() end
+end
+"""
+"""wrk's request script: the same body as the Python client's, and a bound on the count."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Row:
+    """One measured scenario."""
+
+    n: int
+    elapsed: float
+    p50_ms: float
+    p99_ms: float
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per process over the run: service, redis-server, client."""
+    errors: int = 0
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between ``start`` and ``stop``."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
 
 
 def free_port() -> int:
@@ -132,7 +178,7 @@ async def drive(
     clients: int,
     requests: int,
     seconds: float,
-) -> tuple[int, float, list[float]]:
+) -> Row:
     """Run ``clients`` loops until ``requests`` are done or ``seconds`` pass."""
     latencies: list[float] = []
     done = 0
@@ -150,8 +196,12 @@ async def drive(
             n += 1
 
     start = time.perf_counter()
+    cpu0 = time.process_time()
     await asyncio.gather(*(loop(i) for i in range(clients)))
-    return len(latencies), time.perf_counter() - start, latencies
+    elapsed = time.perf_counter() - start
+    client_cpu = time.process_time() - cpu0
+    return Row(len(latencies), elapsed, pct(latencies, 0.5), pct(latencies, 0.99),
+               {"client": client_cpu})  # fmt: skip
 
 
 def http_worker(port: int) -> Callable[[int], Awaitable[Callable[[int], Awaitable[None]]]]:
@@ -204,7 +254,7 @@ def grpc_worker(port: int) -> Callable[[int], Awaitable[Callable[[int], Awaitabl
 
 async def engine_run(
     store_url: str | None, batch: bool, clients: int, requests: int, seconds: float
-) -> tuple[int, float, list[float]]:
+) -> Row:
     """Decisions in-process through the engine (no HTTP), to isolate the store path."""
     from ratekeeper.service.server import ServeOptions, Service
 
@@ -237,14 +287,56 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(len(s) * p))] * 1000 if s else float("nan")
 
 
-def report(name: str, result: tuple[int, float, list[float]], extra: str = "") -> float:
-    n, elapsed, lat = result
-    rate = n / elapsed
+def wrk_run(port: int, clients: int, requests: int, seconds: float) -> Row:
+    """``POST /v1/hit`` from ``wrk`` (one thread, ``clients`` keep-alive connections)."""
+    exe = shutil.which("wrk")
+    assert exe is not None
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_SCRIPT)
+    env = {**os.environ, "RK_BENCH_REQUESTS": str(requests)}
+    cmd = [exe, "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--latency", "-s", f.name,
+           f"http://127.0.0.1:{port}/"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    # wrk's CPU is read from /proc while it runs: sample until it exits
+    last = 0.0
+    while proc.poll() is None:
+        try:
+            last = cpu_seconds(proc.pid)
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            break
+        time.sleep(0.05)
+    out = proc.communicate()[0]
+    os.unlink(f.name)
+    n = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    elapsed = _duration_s(re.search(r"requests in ([\d.]+\w+),", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = int(bad.group(1)) if bad else 0
+    errors += sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    p50 = _duration_s(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
+    p99 = _duration_s(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
+    return Row(n, elapsed, p50, p99, {"client": last}, errors)
+
+
+def _duration_s(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    assert m is not None, text
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
+
+
+def report(name: str, row: Row, extra: str = "") -> float:
+    rate = row.n / row.elapsed
+    cpu = "  ".join(
+        f"{who} {row.cpu[who] / row.elapsed:.2f} cores {row.cpu[who] / row.n * 1e6:.0f} us/dec"
+        for who in ("service", "redis", "client")
+        if who in row.cpu
+    )
     print(
-        f"{name:<34} {rate:>10,.0f}/s  p50 {pct(lat, 0.5):6.2f} ms  p99 {pct(lat, 0.99):6.2f} ms"
-        f"  n={n}{extra}",
+        f"{name:<34} {rate:>8,.0f}/s  p50 {row.p50_ms:6.2f} ms  p99 {row.p99_ms:6.2f} ms"
+        f"  n={row.n}{extra}\n{'':<36}CPU: {cpu}",
         flush=True,
     )
+    if row.errors:
+        print(f"{'':<36}{row.errors} errors (non-200 or socket errors)", flush=True)
     return rate
 
 
@@ -255,10 +347,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per scenario, at most")
     parser.add_argument("--algorithm", default="fixed_window")
     parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--skip-grpc", action="store_true")
+    parser.add_argument(
+        "--client", choices=("auto", "wrk", "python"), default="auto",
+        help="HTTP load client: wrk when installed (auto), else this script's asyncio client",
+    )  # fmt: skip
     args = parser.parse_args()
     c, r, s = args.clients, args.requests, args.seconds
+    use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk") is not None)
+    if use_wrk and shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    client = "wrk (1 thread)" if use_wrk else "python asyncio"
     print(f"# {c} clients, <= {r} requests or {s} s per row, 127.0.0.1, "
-          f"{os.cpu_count()} CPUs (shared: noisy)")  # fmt: skip
+          f"{os.cpu_count()} CPUs (shared: noisy); HTTP client: {client}; "
+          "gRPC client: python grpc.aio")  # fmt: skip
     redis_server = None if args.skip_redis else Redis()
     stores: list[tuple[str, str, Redis | None]] = [("memory", "store: memory\n", None)]
     if redis_server is not None:
@@ -276,20 +378,29 @@ def main() -> None:
         for label, store, rserver in stores:
             service = Service(store + POLICY.format(algorithm=args.algorithm) + ENVOY)
             try:
-                for api, worker in (("HTTP", http_worker(service.port)),
-                                    ("gRPC", grpc_worker(service.grpc_port))):  # fmt: skip
+                for api in ("HTTP",) if args.skip_grpc else ("HTTP", "gRPC"):
                     before = rserver.commands() if rserver else 0
                     calls0, degraded0 = service.store_calls()
-                    result = asyncio.run(drive(worker, c, r, s))
+                    pids = {"service": service.proc.pid}
+                    if rserver is not None:
+                        pids["redis"] = rserver.proc.pid
+                    meter = CpuMeter(pids)
+                    if api == "gRPC":
+                        row = asyncio.run(drive(grpc_worker(service.grpc_port), c, r, s))
+                    elif use_wrk:
+                        row = wrk_run(service.port, c, r, s)
+                    else:
+                        row = asyncio.run(drive(http_worker(service.port), c, r, s))
+                    row.cpu.update(meter.stop())
                     calls1, degraded1 = service.store_calls()
                     extra = f"  degraded {degraded1 - degraded0:.0f}"
                     if rserver is not None:
-                        cmds = (rserver.commands() - before) / max(1, result[0])
-                        trips = (calls1 - calls0) / max(1, result[0])
+                        cmds = (rserver.commands() - before) / max(1, row.n)
+                        trips = (calls1 - calls0) / max(1, row.n)
                         extra += (
                             f"  redis cmds/decision {cmds:.2f}  round trips/decision {trips:.3f}"
                         )
-                    rates[f"{api} {label}"] = report(f"{api:<5} {label}", result, extra)
+                    rates[f"{api} {label}"] = report(f"{api:<5} {label}", row, extra)
             finally:
                 service.stop()
         engines: list[tuple[str, str | None, bool]] = [("memory", None, False)]
@@ -299,8 +410,11 @@ def main() -> None:
                 ("redis 1 EVALSHA/decision", redis_server.url, False),
             ]
         for label, url, batch in engines:
-            result = asyncio.run(engine_run(url, batch, c, r, s))
-            rates[f"engine {label}"] = report(f"engine {label}", result)
+            meter = CpuMeter({"redis": redis_server.proc.pid} if url and redis_server else {})
+            cpu0 = time.process_time()
+            row = _run_loop(engine_run(url, batch, c, r, s))
+            row.cpu = {"service": time.process_time() - cpu0, **meter.stop()}
+            rates[f"engine {label}"] = report(f"engine {label}", row)
     finally:
         if redis_server is not None:
             redis_server.stop()
@@ -308,6 +422,15 @@ def main() -> None:
         a, b = rates.get(f"{api} redis batched"), rates.get(f"{api} redis 1 EVALSHA/decision")
         if a and b:
             print(f"{api}: batching gives {a / b:.2f}x the decisions/s of one EVALSHA per decision")
+
+
+def _run_loop(coro: Awaitable[Row]) -> Row:
+    """Run on uvloop when installed, as the service does."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
