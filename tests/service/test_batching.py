@@ -81,6 +81,38 @@ def test_an_idle_batcher_sends_at_once() -> None:
     assert many.sizes == [1, 1, 1]
 
 
+def test_plans_queued_during_a_round_trip_go_when_it_returns() -> None:
+    """Self-clocking: a batch coming back sends what queued meanwhile at once; the
+    ``max_wait`` timer (100 ms here) only bounds the wait behind a slow round trip."""
+    store = MemoryStore()
+    gate = asyncio.Event()
+    sizes: list[int] = []
+
+    async def many(plans: Sequence[Plan]) -> list[Reply]:
+        sizes.append(len(plans))
+        await gate.wait()
+        return [store.execute(p) for p in plans]
+
+    async def turns(n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        limiter = AsyncLimiter(Batcher(many, max_wait=0.1), clock=ManualClock())
+        first = asyncio.ensure_future(limiter.hit("a", "3/minute"))
+        await turns(3)
+        later = [asyncio.ensure_future(limiter.hit(k, "3/minute")) for k in ("b", "c")]
+        await turns(3)
+        assert sizes == [1]  # b and c queue while a's batch is out
+        gate.set()
+        await first
+        await turns(3)
+        assert sizes == [1, 2]  # sent as a's batch came back, not at the timer
+        assert all(d.allowed for d in await asyncio.gather(*later))
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"max_size": 0}, "max_size=0"), ({"max_wait": 1.0}, "max_wait=1.0")],

@@ -6,10 +6,12 @@ result. A batch is sent when one of these comes first:
 - ``max_size`` plans are queued (bounded size);
 - no batch is in flight: an idle store is asked at once (what arrived in the same event-loop
   turn goes along), so light load gets no added latency;
+- a batch in flight comes back: what queued meanwhile goes at once (self-clocking);
 - the oldest queued plan has waited ``max_wait`` seconds (default 1 ms; bounded wait).
 
-So under load, requests that arrive while Redis answers the previous batch, and up to
-``max_wait`` after, ride together in the next one: one round trip for many decisions. Each
+So under load, requests that arrive while Redis answers the previous batch ride together in
+the next one, sent when that answer comes back (or after ``max_wait`` if it is slow): one
+round trip for many decisions, and no plan waits for a timer while Redis is idle. Each
 plan gets its own result or its own exception; one failing plan fails no other.
 
 ``ShardedBatcher`` does the same per shard of a ``ShardedRedisStore``: writes (hit, refund,
@@ -124,6 +126,8 @@ class Batcher:
             if self.metrics is not None:
                 self.metrics.batch_size.observe(len(batch))
                 self.metrics.store_latency.observe(time.perf_counter() - start)
+            if self._queue:  # what queued during this round trip goes now, not at the timer
+                self._flush()
         for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():  # the caller went away (cancelled)
                 continue
