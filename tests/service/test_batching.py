@@ -222,3 +222,32 @@ def test_a_connection_pooled_before_a_restart_is_retried_once(fresh_redis: rs.Re
         return out
 
     assert asyncio.run(go()) == [(False, 4), (False, 3), (False, 2), (False, 1)]
+
+
+def test_a_cancelled_batch_never_leaves_its_replies_for_the_next(
+    fresh_redis: rs.RedisServer,
+) -> None:
+    """A batch cancelled while Redis is slow (service shutdown, a caller's timeout) must not
+    put its connection back with replies still to come: the next batch would read them."""
+
+    async def go() -> tuple[bool, int, int]:
+        client = redis.asyncio.Redis.from_url(fresh_redis.url, socket_timeout=5)
+        batcher = Batcher(RedisPipeline(client))
+        limiter = AsyncLimiter(batcher, clock=ManualClock())
+        await limiter.hit("warm", "5/minute")  # connected, script cached
+        fresh_redis.pause()
+        try:
+            stuck = asyncio.gather(*(limiter.hit(f"c{i}", "5/minute") for i in range(8)))
+            await asyncio.sleep(0.1)  # the batch is written; its replies cannot come yet
+            for task in list(batcher._tasks):
+                task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stuck
+        finally:
+            fresh_redis.resume()
+        await asyncio.sleep(0.1)  # the cancelled batch's replies arrive now, if anyone listens
+        d = await limiter.hit("fresh", "9/minute")
+        await client.aclose()
+        return d.degraded, d.limit, d.remaining
+
+    assert asyncio.run(go()) == (False, 9, 8)

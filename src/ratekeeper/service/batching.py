@@ -253,6 +253,9 @@ class RedisPipeline:
             if not replies and _dropped(exc):
                 raise _Dropped(exc) from exc
             return [_unavailable(exc)] * count
+        except BaseException:  # cancelled mid-batch: replies may be left unread on the stream
+            await conn.disconnect()
+            raise
         finally:
             await pool.release(conn)
         if len(replies) > count:  # more replies than requests: the stream is out of step
