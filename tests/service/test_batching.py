@@ -11,6 +11,7 @@ import redis
 import redis.asyncio
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore, StoreUnavailable
+from ratekeeper.algorithms import ALGORITHMS
 from ratekeeper.errors import ConfigError
 from ratekeeper.plan import Plan
 from ratekeeper.service.batching import Batcher, RedisPipeline, Reply
@@ -127,7 +128,7 @@ def commandstats(url: str) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "token_bucket", "sliding_window", "gcra"])
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: str) -> None:
     Answers = list[list[tuple[str, bool, int, float]]]
 
@@ -147,6 +148,17 @@ def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: s
                     for k, d in zip(keys, ds, strict=True)
                 )
             )
+            # the other ops go through the same path: refund one key, reset another, peek all
+            rates = "5/minute; 8/hour"
+            await limiter.hit("m", rates, algorithm=algorithm, cost=2)
+            await limiter.refund("m", rates, algorithm=algorithm, cost=1)
+            await limiter.refund(f"k{step}", "5/minute", algorithm=algorithm)
+            await limiter.reset(f"k{(step + 1) % 3}", "5/minute", algorithm=algorithm)
+            peeks = await asyncio.gather(
+                limiter.peek("m", rates, algorithm=algorithm),
+                *(limiter.peek(f"k{i}", "5/minute", algorithm=algorithm) for i in range(3)),
+            )
+            out.append([("peek", d.allowed, d.remaining, d.retry_after) for d in peeks])
             clock.advance(7 + step)
         return out
 
