@@ -248,6 +248,8 @@ class RedisPipeline:
                     while reply is not False:
                         replies.append(reply)
                         reply = parser.gets()
+            if len(replies) > count:  # more replies than requests: the stream is out of step
+                raise RedisError("more replies than commands")
         except (RedisError, OSError, TimeoutError, hiredis.ProtocolError) as exc:
             await conn.disconnect()  # replies may be half read: never reuse this connection
             if not replies and _dropped(exc):
@@ -258,9 +260,6 @@ class RedisPipeline:
             raise
         finally:
             await pool.release(conn)
-        if len(replies) > count:  # more replies than requests: the stream is out of step
-            await conn.disconnect()
-            return [_unavailable(RedisError("more replies than commands"))] * count
         return replies
 
     async def _answer(self, plan: Plan, reply: object) -> Reply:
