@@ -33,7 +33,7 @@ figures move by 20 % or more between runs; compare rows of one run, not runs), w
 
 Redis commands per decision: 1.00 on every Redis row; round trips per decision: 0.057 (HTTP
 batched), 0.899 (gRPC batched: calls arrive one per loop wake-up), 1.0 unbatched. Batched /
-unbatched: engine 6.9x, HTTP 1.9x, gRPC 1.1x (over seven runs: engine 4.2x to 7.0x, HTTP 1.5x
+unbatched: engine 6.9x, HTTP 1.9x, gRPC 1.1x (over eight runs: engine 4.2x to 7.0x, HTTP 1.5x
 to 2.2x with wrk and 2.0x to 3.2x with the Python client, gRPC 0.8x to 1.2x). The service is
 one event loop: HTTP handling costs it about 170 µs per request and gRPC about 600 µs, against
 about 20 µs (batched) or 200 µs (one EVALSHA) for the store path, which caps the HTTP ratio
