@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .rates import Rate
 
@@ -52,23 +53,35 @@ class Decision:
 
         ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``).
         """
+        deciding, quota_policy = _names(policy, self.stack, self.rate, self.limit, self.quotas)
+        remaining = str(self.remaining)
         reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
-        names = [_item_name(policy, r, len(self.stack)) for r in self.stack]
-        deciding = names[self.stack.index(self.rate)] if self.rate in self.stack else names[0]
         out = {
             "X-RateLimit-Limit": str(self.limit),
-            "X-RateLimit-Remaining": str(self.remaining),
+            "X-RateLimit-Remaining": remaining,
             "X-RateLimit-Reset": str(math.ceil(self.reset_at - 1e-9)),
-            "X-RateLimit-Used": str(self.used),
-            "RateLimit-Policy": ", ".join(
-                f"{n};q={_quota(r, self)};w={max(1, math.ceil(r.period))}"
-                for n, r in zip(names, self.stack, strict=True)
-            ),
-            "RateLimit": f"{deciding};r={self.remaining};t={reset_in}",
+            "X-RateLimit-Used": str(self.limit - self.remaining),
+            "RateLimit-Policy": quota_policy,
+            "RateLimit": f"{deciding};r={remaining};t={reset_in}",
         }
         if not self.allowed and math.isfinite(self.retry_after):
             out["Retry-After"] = str(max(1, math.ceil(self.retry_after - 1e-9)))
         return out
+
+
+@lru_cache(maxsize=4096)
+def _names(
+    policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
+) -> tuple[str, str]:
+    """The deciding rate's item name and the ``RateLimit-Policy`` value: they depend only on
+    the policy name, the stack, the deciding rate and the quotas, so they are built once."""
+    names = [_item_name(policy, r, len(stack)) for r in stack]
+    deciding = names[stack.index(rate)] if rate in stack else names[0]
+    fields = []
+    for n, r in zip(names, stack, strict=True):
+        quota = quotas[stack.index(r)] if quotas else limit if r == rate else r.count
+        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}")
+    return deciding, ", ".join(fields)
 
 
 class _DecisionFields:
@@ -119,12 +132,6 @@ def make_decision(
     d.quotas = quotas
     d.__class__ = Decision  # type: ignore[assignment]  # same slots: see _DecisionFields
     return d  # type: ignore[return-value]  # a Decision now; cast() would cost a call
-
-
-def _quota(rate: Rate, decision: Decision) -> int:
-    if decision.quotas:
-        return decision.quotas[decision.stack.index(rate)]
-    return decision.limit if rate == decision.rate else rate.count
 
 
 def _item_name(policy: str | None, rate: Rate, size: int) -> str:

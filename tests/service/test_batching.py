@@ -11,6 +11,7 @@ import redis
 import redis.asyncio
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore, StoreUnavailable
+from ratekeeper.algorithms import ALGORITHMS
 from ratekeeper.errors import ConfigError
 from ratekeeper.plan import Plan
 from ratekeeper.service.batching import Batcher, RedisPipeline, Reply
@@ -81,6 +82,38 @@ def test_an_idle_batcher_sends_at_once() -> None:
     assert many.sizes == [1, 1, 1]
 
 
+def test_plans_queued_during_a_round_trip_go_when_it_returns() -> None:
+    """Self-clocking: a batch coming back sends what queued meanwhile at once; the
+    ``max_wait`` timer (100 ms here) only bounds the wait behind a slow round trip."""
+    store = MemoryStore()
+    gate = asyncio.Event()
+    sizes: list[int] = []
+
+    async def many(plans: Sequence[Plan]) -> list[Reply]:
+        sizes.append(len(plans))
+        await gate.wait()
+        return [store.execute(p) for p in plans]
+
+    async def turns(n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        limiter = AsyncLimiter(Batcher(many, max_wait=0.1), clock=ManualClock())
+        first = asyncio.ensure_future(limiter.hit("a", "3/minute"))
+        await turns(3)
+        later = [asyncio.ensure_future(limiter.hit(k, "3/minute")) for k in ("b", "c")]
+        await turns(3)
+        assert sizes == [1]  # b and c queue while a's batch is out
+        gate.set()
+        await first
+        await turns(3)
+        assert sizes == [1, 2]  # sent as a's batch came back, not at the timer
+        assert all(d.allowed for d in await asyncio.gather(*later))
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"max_size": 0}, "max_size=0"), ({"max_wait": 1.0}, "max_wait=1.0")],
@@ -95,7 +128,7 @@ def commandstats(url: str) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "token_bucket", "sliding_window", "gcra"])
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: str) -> None:
     Answers = list[list[tuple[str, bool, int, float]]]
 
@@ -115,6 +148,17 @@ def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: s
                     for k, d in zip(keys, ds, strict=True)
                 )
             )
+            # the other ops go through the same path: refund one key, reset another, peek all
+            rates = "5/minute; 8/hour"
+            await limiter.hit("m", rates, algorithm=algorithm, cost=2)
+            await limiter.refund("m", rates, algorithm=algorithm, cost=1)
+            await limiter.refund(f"k{step}", "5/minute", algorithm=algorithm)
+            await limiter.reset(f"k{(step + 1) % 3}", "5/minute", algorithm=algorithm)
+            peeks = await asyncio.gather(
+                limiter.peek("m", rates, algorithm=algorithm),
+                *(limiter.peek(f"k{i}", "5/minute", algorithm=algorithm) for i in range(3)),
+            )
+            out.append([("peek", d.allowed, d.remaining, d.retry_after) for d in peeks])
             clock.advance(7 + step)
         return out
 
@@ -190,3 +234,32 @@ def test_a_connection_pooled_before_a_restart_is_retried_once(fresh_redis: rs.Re
         return out
 
     assert asyncio.run(go()) == [(False, 4), (False, 3), (False, 2), (False, 1)]
+
+
+def test_a_cancelled_batch_never_leaves_its_replies_for_the_next(
+    fresh_redis: rs.RedisServer,
+) -> None:
+    """A batch cancelled while Redis is slow (service shutdown, a caller's timeout) must not
+    put its connection back with replies still to come: the next batch would read them."""
+
+    async def go() -> tuple[bool, int, int]:
+        client = redis.asyncio.Redis.from_url(fresh_redis.url, socket_timeout=5)
+        batcher = Batcher(RedisPipeline(client))
+        limiter = AsyncLimiter(batcher, clock=ManualClock())
+        await limiter.hit("warm", "5/minute")  # connected, script cached
+        fresh_redis.pause()
+        try:
+            stuck = asyncio.gather(*(limiter.hit(f"c{i}", "5/minute") for i in range(8)))
+            await asyncio.sleep(0.1)  # the batch is written; its replies cannot come yet
+            for task in list(batcher._tasks):
+                task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stuck
+        finally:
+            fresh_redis.resume()
+        await asyncio.sleep(0.1)  # the cancelled batch's replies arrive now, if anyone listens
+        d = await limiter.hit("fresh", "9/minute")
+        await client.aclose()
+        return d.degraded, d.limit, d.remaining
+
+    assert asyncio.run(go()) == (False, 9, 8)

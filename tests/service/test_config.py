@@ -207,6 +207,8 @@ BAD = [
         "both 'unlimited'",
     ),
     ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", 4, "'k' appears twice"),
+    ("domains:\n  - {}\n", 2, "needs a domain"),  # found by tests/abuse/test_fuzz.py
+    ("domains:\n  - descriptors: []\n", 2, "needs a domain"),
 ]
 
 

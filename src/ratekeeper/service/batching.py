@@ -6,10 +6,12 @@ result. A batch is sent when one of these comes first:
 - ``max_size`` plans are queued (bounded size);
 - no batch is in flight: an idle store is asked at once (what arrived in the same event-loop
   turn goes along), so light load gets no added latency;
+- a batch in flight comes back: what queued meanwhile goes at once (self-clocking);
 - the oldest queued plan has waited ``max_wait`` seconds (default 1 ms; bounded wait).
 
-So under load, requests that arrive while Redis answers the previous batch, and up to
-``max_wait`` after, ride together in the next one: one round trip for many decisions. Each
+So under load, requests that arrive while Redis answers the previous batch ride together in
+the next one, sent when that answer comes back (or after ``max_wait`` if it is slow): one
+round trip for many decisions, and no plan waits for a timer while Redis is idle. Each
 plan gets its own result or its own exception; one failing plan fails no other.
 
 ``ShardedBatcher`` does the same per shard of a ``ShardedRedisStore``: writes (hit, refund,
@@ -18,7 +20,9 @@ reset) are batched to the owning shard's primary; peeks keep the store's replica
 ``RedisPipeline`` runs a batch on one Redis as one pipelined write and its replies (no MULTI:
 each script is atomic on its own, and a batch needs no more) using the Redis codec, so batched
 decisions are the same as ``RedisStore``'s; a ``NOSCRIPT`` reply is retried with ``EVAL`` for
-that plan only.
+that plan only. It encodes requests and parses replies itself (``Codec.packed``, a
+``hiredis.Reader`` on the connection's stream): per decision, redis-py's command machinery
+costs more than everything else the batch does.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import hiredis
 import redis.asyncio
-from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import AskError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -36,7 +41,7 @@ from ..algorithms import Outcome
 from ..errors import ConfigError, NotSent, StoreUnavailable
 from ..plan import Plan
 from ..stores.redis import client_options
-from ..stores.redis_codec import Codec, Command, fallback, outcomes
+from ..stores.redis_codec import Codec, fallback, outcomes, pack
 from ..stores.sharded import ShardedRedisStore
 from .metrics import Metrics
 
@@ -118,6 +123,8 @@ class Batcher:
             if self.metrics is not None:
                 self.metrics.batch_size.observe(len(batch))
                 self.metrics.store_latency.observe(time.perf_counter() - start)
+            if self._queue:  # what queued during this round trip goes now, not at the timer
+                self._flush()
         for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():  # the caller went away (cancelled)
                 continue
@@ -173,9 +180,11 @@ class ShardedBatcher:
 class RedisPipeline:
     """``execute_many`` for one Redis: a batch of plans is one pipelined round trip.
 
-    The commands are packed into one RESP buffer here (they hold only strings and integers)
-    and written on one pooled connection, then the replies are read in order; redis-py's
-    ``Pipeline`` object costs more per command than the rest of a decision.
+    The commands are encoded by the codec (``Codec.packed``: per-policy pieces encoded once)
+    into one buffer, written on one pooled connection, and the replies are parsed by a
+    ``hiredis.Reader`` fed straight from the connection's stream, under one timeout for the
+    whole batch. redis-py's ``Pipeline``, and even its per-reply ``read_response`` (a timeout
+    context each), cost more per command than the rest of a decision.
     """
 
     def __init__(self, client: redis.asyncio.Redis, prefix: str = "rk") -> None:
@@ -185,72 +194,86 @@ class RedisPipeline:
 
     async def __call__(self, plans: Sequence[Plan]) -> list[Reply]:
         codec = self.codec
-        commands: list[Command] = []
         packed: list[bytes] = []
-        bad: dict[int, Reply] = {}
-        for i, plan in enumerate(plans):
-            command = ("DEL", *codec.keys(plan)) if plan.op == "reset" else codec.command(plan)
-            try:
-                packed.append(pack(command))
-                commands.append(command)
-            except (TypeError, UnicodeEncodeError) as exc:  # this plan only; the rest go on
-                bad[i] = StoreUnavailable(f"cannot send {plan.op} to redis: {exc}")
-        replies = await self._send(commands, packed) if packed else []
-        sent = iter(zip(commands, replies, strict=True))
-        out: list[Reply] = []
-        for i, plan in enumerate(plans):
-            if i in bad:
-                out.append(bad[i])
+        for plan in plans:
+            if plan.op == "reset":
+                packed.append(pack(("DEL", *codec.keys(plan))))
             else:
-                command, reply = next(sent)
-                out.append(await self._answer(plan, command, reply))
+                packed.append(codec.packed(plan))
+        replies = await self._send(b"".join(packed), len(packed))
+        out: list[Reply] = []
+        for plan, reply in zip(plans, replies, strict=True):
+            if type(reply) is list:  # the common case: a script's array of integers
+                out.append(outcomes(reply))
+            else:
+                out.append(await self._answer(plan, reply))
         return out
 
-    async def _send(self, commands: list[Command], packed: list[bytes]) -> list[object]:
-        """Write the batch on one pooled connection and read its replies in order.
+    async def _send(self, data: bytes, count: int) -> list[object]:
+        """Write the batch on one pooled connection and read its ``count`` replies in order.
 
         A connection that drops before any reply is read (one pooled before a Redis restart)
         is retried once at once on a fresh connection, as ``RedisStore`` does; a timeout or
         a drop after replies began is never retried (the scripts may have run).
         """
         try:
-            return await self._send_once(commands, packed)
+            return await self._send_once(data, count)
         except _Dropped:
             pass
         try:
-            return await self._send_once(commands, packed)
+            return await self._send_once(data, count)
         except _Dropped as dropped:
-            return [_not_sent(dropped.error)] * len(commands)
+            return [_not_sent(dropped.error)] * count
 
-    async def _send_once(self, commands: list[Command], packed: list[bytes]) -> list[object]:
+    async def _send_once(self, data: bytes, count: int) -> list[object]:
         pool = self.client.connection_pool
-        raw: list[object] = []
+        replies: list[object] = []
         try:
             conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # untyped in redis-py
         except (RedisError, OSError) as exc:
-            return [_not_sent(exc)] * len(commands)
+            return [_not_sent(exc)] * count
         try:
             self.round_trips += 1
-            await conn.send_packed_command(b"".join(packed), check_health=False)
-            for _ in commands:
-                try:
-                    raw.append(await conn.read_response())
-                except ResponseError as exc:  # one script's error: the stream stays in step
-                    raw.append(exc)
-        except (RedisError, OSError) as exc:
+            # redis-py's own stream pair (private): the pool has connected it (handshake,
+            # AUTH, SELECT, TLS), and no reply of ours is left unread when it goes back
+            reader: asyncio.StreamReader | None = conn._reader
+            writer: asyncio.StreamWriter | None = conn._writer
+            if reader is None or writer is None:
+                raise RedisConnectionError("the pooled connection is not connected")
+            parser = hiredis.Reader(replyError=ResponseError)
+            async with asyncio.timeout(conn.socket_timeout):
+                writer.write(data)
+                await writer.drain()
+                while len(replies) < count:
+                    chunk = await reader.read(1 << 16)
+                    if not chunk:
+                        raise RedisConnectionError("connection closed by the server")
+                    parser.feed(chunk)
+                    reply = parser.gets()
+                    while reply is not False:
+                        replies.append(reply)
+                        reply = parser.gets()
+            if len(replies) > count:  # more replies than requests: the stream is out of step
+                raise RedisError("more replies than commands")
+        except (RedisError, OSError, TimeoutError, hiredis.ProtocolError) as exc:
             await conn.disconnect()  # replies may be half read: never reuse this connection
-            if not raw and _dropped(exc):
+            if not replies and _dropped(exc):
                 raise _Dropped(exc) from exc
-            return [_unavailable(exc)] * len(commands)
+            return [_unavailable(exc)] * count
+        except BaseException:  # cancelled mid-batch: replies may be left unread on the stream
+            await conn.disconnect()
+            raise
         finally:
             await pool.release(conn)
-        return raw
+        return replies
 
-    async def _answer(self, plan: Plan, command: Command, reply: object) -> Reply:
-        if isinstance(reply, NoScriptError):
+    async def _answer(self, plan: Plan, reply: object) -> Reply:
+        """A reply that is not a script's array: reset's count, or an error (NOSCRIPT: EVAL)."""
+        if isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
             try:
                 self.round_trips += 1
-                reply = await self.client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+                command = fallback(self.codec.command(plan))
+                reply = await self.client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
             except (RedisError, OSError) as exc:
                 reply = exc
         if isinstance(reply, BaseException):
@@ -261,22 +284,6 @@ class RedisPipeline:
         if plan.op == "reset":
             return ()
         return outcomes(reply)  # type: ignore[arg-type]  # a script's array of integers
-
-
-def pack(command: Command) -> bytes:
-    """One command of strings and integers -> its RESP request bytes."""
-    parts = [b"*%d\r\n" % len(command)]
-    for arg in command:
-        if isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, int):
-            data = b"%d" % arg
-        elif isinstance(arg, bytes):
-            data = arg
-        else:
-            raise TypeError(f"cannot send {arg!r} to Redis: expected str, int or bytes")
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 class _Dropped(Exception):

@@ -282,6 +282,8 @@ class _Builder:
 
     def _envoy_domain(self, path: str, doc: Map, line: int) -> None:
         _no_unknown(doc, {"domain", "descriptors"}, "an Envoy domain")
+        if "domain" not in doc:
+            raise Problem(line, "an Envoy domain needs a domain: name (a non-empty string)")
         domain = doc["domain"]
         if not isinstance(domain, str) or not domain:
             raise Problem(doc.lines["domain"], f"domain {domain!r} must be a non-empty string")

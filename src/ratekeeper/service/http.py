@@ -30,6 +30,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,14 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
+_HEADER_NAMES = {
+    name: name.lower().encode()
+    for name in (
+        "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Used",
+        "RateLimit-Policy", "RateLimit", "Retry-After",
+    )
+}  # fmt: skip
+"""Header names of a decision, encoded once (the server sends names in lower case anyway)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +143,13 @@ class HttpApi:
             payload = body
         else:
             payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        if not any(k == b"content-type" for k, _ in raw):
+        names = _HEADER_NAMES
+        raw = [
+            (names.get(k) or k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+        if "content-type" not in headers:
             raw.append(_JSON)
-        raw.append((b"content-length", str(len(payload)).encode()))
+        raw.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
@@ -213,7 +225,7 @@ class HttpApi:
         else:
             await engine.reset(spec, key)
             return 200, {"reset": True, "policy": spec.name}, {}
-        return 200, _result_json(result), result.decision.headers(spec.name)
+        return 200, _result_body(result), result.decision.headers(spec.name)
 
     def _describe(self, name: str) -> dict[str, Any]:
         if name in self.engine.config.concurrency:
@@ -285,6 +297,36 @@ def _result_json(result: Result) -> dict[str, Any]:
         "degraded": d.degraded,
         "shadow": result.shadow,
     }
+
+
+def _result_body(result: Result) -> bytes:
+    """``_result_json`` encoded as ``json.dumps`` would (compact), without building the dict:
+    the body of every decision."""
+    d = result.decision
+    if not math.isfinite(d.reset_at):  # never from a store; json.dumps refuses it, as before
+        return json.dumps(_result_json(result), separators=(",", ":"), allow_nan=False).encode()
+    retry = d.retry_after
+    return _RESULT % (
+        b"true" if d.allowed else b"false",
+        d.limit,
+        d.remaining,
+        float.__repr__(d.reset_at).encode(),
+        float.__repr__(retry).encode() if math.isfinite(retry) else b"null",
+        _json_string(result.policy),
+        b"true" if d.degraded else b"false",
+        b"true" if result.shadow else b"false",
+    )
+
+
+_RESULT = (
+    b'{"allowed":%s,"limit":%d,"remaining":%d,"reset_at":%s,"retry_after":%s,'
+    b'"policy":%s,"degraded":%s,"shadow":%s}'
+)
+
+
+@lru_cache(maxsize=1024)
+def _json_string(text: str) -> bytes:
+    return json.dumps(text).encode()
 
 
 def _lease_json(lease: LeaseResult) -> dict[str, Any]:

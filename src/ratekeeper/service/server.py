@@ -170,6 +170,7 @@ class Service:
             http="httptools" if _has("httptools") else "h11",
             lifespan="off",
             access_log=False,
+            proxy_headers=False,  # client address and scheme are never used: skip the rewrite
             log_level="warning",
         )
         server = uvicorn.Server(uv_config)
