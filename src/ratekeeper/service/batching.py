@@ -19,8 +19,9 @@ reset) are batched to the owning shard's primary; peeks keep the store's replica
 
 ``RedisPipeline`` runs a batch on one Redis as one pipelined write and its replies (no MULTI:
 each script is atomic on its own, and a batch needs no more) using the Redis codec, so batched
-decisions are the same as ``RedisStore``'s; a ``NOSCRIPT`` reply is retried with ``EVAL`` for
-that plan only. It encodes requests and parses replies itself (``Codec.packed``, a
+decisions are the same as ``RedisStore``'s. After ``NOSCRIPT`` replies (a restarted or
+flushed Redis) each missing script is loaded once and the plans that missed it are re-sent as
+one batch; a plan that misses it again falls back to ``EVAL`` on its own. It encodes requests and parses replies itself (``Codec.packed``, a
 ``hiredis.Reader`` on the connection's stream): per decision, redis-py's command machinery
 costs more than everything else the batch does.
 """
@@ -201,12 +202,34 @@ class RedisPipeline:
             else:
                 packed.append(codec.packed(plan))
         replies = await self._send(b"".join(packed), len(packed))
+        missing = [i for i, reply in enumerate(replies) if _noscript(reply)]
+        if missing:  # a restarted or flushed Redis: load each script once, send those again
+            replies = await self._reload_and_resend(plans, packed, replies, missing)
         out: list[Reply] = []
         for plan, reply in zip(plans, replies, strict=True):
             if type(reply) is list:  # the common case: a script's array of integers
                 out.append(outcomes(reply))
             else:
                 out.append(await self._answer(plan, reply))
+        return out
+
+    async def _reload_and_resend(
+        self, plans: Sequence[Plan], packed: list[bytes], replies: list[object], missing: list[int]
+    ) -> list[object]:
+        """``SCRIPT LOAD`` each script the batch missed, then re-send the missed plans as one
+        batch: a burst after a restart costs a few round trips, not one ``EVAL`` per plan. A
+        plan still missing its script afterwards falls back to ``EVAL`` in ``_answer``."""
+        sources = {fallback(self.codec.command(plans[i]))[1] for i in missing}
+        try:
+            for source in sources:
+                self.round_trips += 1
+                await self.client.script_load(source)
+        except (RedisError, OSError):
+            return replies  # each missed plan tries EVAL on its own
+        again = await self._send(b"".join(packed[i] for i in missing), len(missing))
+        out = list(replies)
+        for i, reply in zip(missing, again, strict=True):
+            out[i] = reply
         return out
 
     async def _send(self, data: bytes, count: int) -> list[object]:
@@ -269,7 +292,7 @@ class RedisPipeline:
 
     async def _answer(self, plan: Plan, reply: object) -> Reply:
         """A reply that is not a script's array: reset's count, or an error (NOSCRIPT: EVAL)."""
-        if isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
+        if _noscript(reply):
             try:
                 self.round_trips += 1
                 command = fallback(self.codec.command(plan))
@@ -303,6 +326,11 @@ def _dropped(exc: BaseException) -> bool:
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis pipeline failed: {type(exc).__name__}: {exc}")
+
+
+def _noscript(reply: object) -> bool:
+    """Redis' ``NOSCRIPT`` error reply: the script is not loaded on that server."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
 
 
 def _redirect(reply: BaseException) -> bool:
