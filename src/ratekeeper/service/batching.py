@@ -21,9 +21,10 @@ reset) are batched to the owning shard's primary; peeks keep the store's replica
 each script is atomic on its own, and a batch needs no more) using the Redis codec, so batched
 decisions are the same as ``RedisStore``'s. After ``NOSCRIPT`` replies (a restarted or
 flushed Redis) each missing script is loaded once and the plans that missed it are re-sent as
-one batch; a plan that misses it again falls back to ``EVAL`` on its own. It encodes requests and parses replies itself (``Codec.packed``, a
-``hiredis.Reader`` on the connection's stream): per decision, redis-py's command machinery
-costs more than everything else the batch does.
+one batch; a plan that misses it again falls back to ``EVAL`` on its own. It encodes
+requests and parses replies itself (``Codec.packed``, a ``hiredis.Reader`` on the
+connection's stream): per decision, redis-py's command machinery costs more than everything
+else the batch does.
 """
 
 from __future__ import annotations
