@@ -174,6 +174,12 @@ def test_routes_and_methods(http: httpx.Client) -> None:
     assert {"three", "stacked", "shadowed", "edge/ip"} <= names
     spec = http.get("/openapi.json").json()
     assert spec["openapi"].startswith("3.") and "/v1/hit" in spec["paths"]
+    # the document states this config's key limit: a request valid by it is accepted
+    schemas = spec["components"]["schemas"]
+    for name in ("HitRequest", "ResetRequest", "AcquireRequest"):
+        assert schemas[name]["properties"]["key"]["maxLength"] == 32, name
+    assert http.post("/v1/hit", json={"policy": "three", "key": "k" * 32}).status_code == 200
+    assert http.post("/v1/hit", json={"policy": "three", "key": "k" * 33}).status_code == 400
 
 
 def test_answers_match_the_openapi_document(http: httpx.Client) -> None:
@@ -473,11 +479,12 @@ def _token(value: object) -> str:
 
 
 ACQUIRE_BAD = [
+    (b'{"policy": "", "key": "cb"}', "policy", 400),
     (b"{not json", "body", 400),
     (b'{"policy": "single"}', "key", 400),
     (b'{"key": "cb"}', "policy", 400),
     (b'{"policy": "nope", "key": "cb"}', "policy", 404),
-    (b'{"policy": "three", "key": "cb"}', "policy", 400),  # a rate policy
+    (b'{"policy": "three", "key": "cb"}', "policy", 404),  # a rate policy: no such lease policy
     (b'{"policy": "single", "key": ""}', "key", 400),
     (b'{"policy": "single", "key": 5}', "key", 400),
     (b'{"policy": "single", "key": "' + b"k" * 33 + b'"}', "key", 400),
@@ -492,9 +499,12 @@ RELEASE_BAD = [
     (b"{}", "lease", 400),
     (b'{"lease": 5}', "lease", 400),
     (b'{"lease": ""}', "lease", 400),
-    (b'{"lease": "not a token!"}', "lease", 400),
-    (b'{"lease": "' + _token([1, 2, 3]).encode() + b'"}', "lease", 400),
-    (b'{"lease": "' + _token(["single", "k" * 33, "abc"]).encode() + b'"}', "lease", 400),
+    # a string that is no token of ours is well formed: no such lease (the OpenAPI contract)
+    (b'{"lease": "not a token!"}', "lease", 404),
+    (b'{"lease": "00"}', "lease", 404),
+    (b'{"lease": "\\u00e9t\\u00e9"}', "lease", 404),
+    (b'{"lease": "' + _token([1, 2, 3]).encode() + b'"}', "lease", 404),
+    (b'{"lease": "' + _token(["single", "k" * 33, "abc"]).encode() + b'"}', "lease", 404),
     (b'{"lease": "x", "key": "cb"}', "body", 400),  # an unknown field is reported as the body
 ]
 

@@ -162,11 +162,17 @@ def lease_token(name: str, key: str, lease_id: str) -> str:
 
 
 def parse_lease_token(token: object) -> tuple[str, str, str]:
-    """(policy, key, lease id) from a token, or ``BadRequest`` naming the ``lease`` field."""
+    """(policy, key, lease id) from a token, or ``BadRequest`` naming the ``lease`` field: 400
+    for what is not a non-empty string, 404 for a string that is no token of ours (no such
+    lease: the request was well formed, the lease it names does not exist)."""
+    if not isinstance(token, str) or not token:
+        raise BadRequest("lease", f"lease {token!r} is invalid; expected a token from acquire")
     bad = BadRequest(
-        "lease", f"lease {str(token)[:80]!r} is invalid; expected a token from acquire"
+        "lease",
+        f"lease {token[:80]!r} was not issued by this service; expected a token from acquire",
+        404,
     )
-    if not isinstance(token, str) or not token or not token.isascii():
+    if not token.isascii():
         raise bad
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
@@ -218,9 +224,10 @@ class Engine:
         spec = self.config.policies.get(name)
         if spec is None:
             if name in self.config.concurrency:
-                raise BadRequest(
+                raise BadRequest(  # no rate policy of that name: 404, with the right route
                     "policy",
                     f"policy {name!r} is a concurrency policy; use /v1/concurrency/acquire",
+                    404,
                 )
             raise BadRequest("policy", f"policy {name!r} is not configured", 404)
         toggles = self.overrides.get(name)
@@ -235,8 +242,10 @@ class Engine:
         spec = self.config.concurrency.get(name)
         if spec is None:
             if name in self.config.policies:
-                raise BadRequest(
-                    "policy", f"policy {name!r} is a rate policy; use /v1/hit (not concurrency)"
+                raise BadRequest(  # no concurrency policy of that name: 404, with the right route
+                    "policy",
+                    f"policy {name!r} is a rate policy; use /v1/hit (not concurrency)",
+                    404,
                 )
             raise BadRequest("policy", f"policy {name!r} is not configured", 404)
         toggles = self.overrides.get(name)
@@ -325,7 +334,10 @@ class Engine:
     async def release(self, token: object) -> bool:
         """Give back the lease a token names; True if it was live."""
         name, key, lease_id = parse_lease_token(token)
-        key = self.check_key(key, "lease")
+        try:
+            key = self.check_key(key, "lease")
+        except BadRequest as exc:  # a key no acquire accepts: no such lease
+            raise BadRequest("lease", str(exc), 404) from None
         if not lease_id or self.leases is None:
             return False
         return await self.leases.release(Lease(store_key(name, key), lease_id, 0.0))

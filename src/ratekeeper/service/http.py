@@ -118,7 +118,13 @@ class HttpApi:
         self.engine = engine
         self.reload = reload
         self.health = health
-        self._openapi = OPENAPI.read_bytes()
+        self._openapi: tuple[int, bytes] = (-1, b"")
+
+    def _openapi_for(self, max_key_length: int) -> bytes:
+        """The document for the running config's key length (rebuilt after a reload)."""
+        if self._openapi[0] != max_key_length:
+            self._openapi = (max_key_length, openapi_document(max_key_length))
+        return self._openapi[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -169,7 +175,7 @@ class HttpApi:
         if route.path == "/metrics":
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
-            return 200, self._openapi, {}
+            return 200, self._openapi_for(self.engine.config.max_key_length), {}
         if route.path == "/v1/policies":
             config = self.engine.config
             names = [*config.policies, *config.concurrency]
@@ -274,6 +280,17 @@ class HttpApi:
 
 
 _PROM = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def openapi_document(max_key_length: int) -> bytes:
+    """The OpenAPI document with this config's key length limit as ``maxLength`` on every
+    ``key``, so a request valid by the document is one the service accepts."""
+    doc = json.loads(OPENAPI.read_text())
+    for schema in doc["components"]["schemas"].values():
+        key = schema.get("properties", {}).get("key")
+        if key is not None:
+            key["maxLength"] = max_key_length
+    return json.dumps(doc, indent=1, ensure_ascii=False).encode()
 
 
 def check_bearer(given: str, expected: str) -> bool:
