@@ -35,8 +35,9 @@ import binascii
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, Lease
@@ -49,6 +50,7 @@ from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
 UNLIMITED_REMAINING = 2**32 - 1
+S = TypeVar("S", PolicySpec, ConcurrencySpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,36 +220,30 @@ class Engine:
         self.cache.clear()
 
     def spec(self, name: object) -> PolicySpec:
-        """The named policy with runtime toggles applied, or ``BadRequest`` (404)."""
-        if not isinstance(name, str) or not name:
-            raise BadRequest("policy", f"policy {name!r} is invalid; expected a policy name")
-        spec = self.config.policies.get(name)
-        if spec is None:
-            if name in self.config.concurrency:
-                raise BadRequest(  # no rate policy of that name: 404, with the right route
-                    "policy",
-                    f"policy {name!r} is a concurrency policy; use /v1/concurrency/acquire",
-                    404,
-                )
-            raise BadRequest("policy", f"policy {name!r} is not configured", 404)
-        toggles = self.overrides.get(name)
-        if toggles is not None:
-            spec = replace(spec, enabled=toggles[0], shadow=toggles[1])
-        return spec
+        """The named rate policy with runtime toggles applied, or ``BadRequest`` (404)."""
+        return self._named(
+            name, self.config.policies, self.config.concurrency,
+            "a concurrency policy; use /v1/concurrency/acquire",
+        )  # fmt: skip
 
     def concurrency_spec(self, name: object) -> ConcurrencySpec:
-        """The named concurrency policy with runtime toggles applied, or ``BadRequest``."""
+        """The named concurrency policy with runtime toggles applied, or ``BadRequest`` (404)."""
+        return self._named(
+            name, self.config.concurrency, self.config.policies,
+            "a rate policy; use /v1/hit (not concurrency)",
+        )  # fmt: skip
+
+    def _named(
+        self, name: object, table: Mapping[str, S], other: Mapping[str, object], other_kind: str
+    ) -> S:
+        """``table[name]`` with toggles applied; 404 when absent, naming the right route when
+        ``name`` is a policy of the other kind."""
         if not isinstance(name, str) or not name:
             raise BadRequest("policy", f"policy {name!r} is invalid; expected a policy name")
-        spec = self.config.concurrency.get(name)
+        spec = table.get(name)
         if spec is None:
-            if name in self.config.policies:
-                raise BadRequest(  # no concurrency policy of that name: 404, with the right route
-                    "policy",
-                    f"policy {name!r} is a rate policy; use /v1/hit (not concurrency)",
-                    404,
-                )
-            raise BadRequest("policy", f"policy {name!r} is not configured", 404)
+            why = other_kind if name in other else "not configured"
+            raise BadRequest("policy", f"policy {name!r} is {why}", 404)
         toggles = self.overrides.get(name)
         if toggles is not None:
             spec = replace(spec, enabled=toggles[0], shadow=toggles[1])
