@@ -25,6 +25,7 @@ from ..algorithms import Outcome
 from ..errors import ConfigError, NotSent
 from ..plan import Plan
 from ..stores.cluster import RedisClusterStore
+from ..stores.keys import encode_tag
 from ..stores.redis import client_options
 from .batching import Batcher, RedisPipeline, check_batch
 from .metrics import Metrics
@@ -59,7 +60,8 @@ class ClusterBatcher:
         assert client is not None  # checked in __init__
         try:
             await self.store.ready()
-            slot = client.keyslot(self.store.codec.keys(plan)[0])
+            # every key of the plan is hash-tagged ``{tag}``: the tag alone gives their slot
+            slot = client.keyslot(encode_tag(plan.key))
             node = client.nodes_manager.get_node_from_slot(slot)
         except (RedisClusterException, RedisConnectionError, OSError):
             # no slot map (the cluster is down or changing): the cluster client's own path
