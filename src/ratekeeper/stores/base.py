@@ -57,7 +57,11 @@ class KeyPartitioned(Protocol):
 
 @runtime_checkable
 class LocalStore(Protocol):
-    """An in-process store that takes a one-rate hit directly (no ``Plan``, no I/O, no breaker)."""
+    """An in-process store that takes a one-rate hit directly (no ``Plan``, no I/O, no breaker).
+
+    The limiters call ``hit_one`` instead of ``execute`` for cached one-rate hits, so a store
+    (or a subclass) whose ``execute`` does more must do the same in ``hit_one``.
+    """
 
     def hit_one(
         self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int

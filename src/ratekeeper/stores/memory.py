@@ -67,7 +67,8 @@ class MemoryStore:
         self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
     ) -> Outcome:
         """A hit on one rate (``LocalStore``): ``execute``'s common case, also called by the
-        limiters directly so that it needs no ``Plan``; the same steps as ``_execute``."""
+        limiters directly so that it needs no ``Plan``; the same steps as ``_execute``. A
+        subclass that overrides ``execute`` must override this too."""
         k = (slot, key)
         data = self._data
         lock = self._lock
