@@ -70,18 +70,8 @@ class RateLimitMiddleware:
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
         self.limiter = AsyncLimiter(self.store, clock=clock)
-        shared: Any = self.store  # also a lease store when lease checks exist (checked there)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks,
-            lambda c: AsyncConcurrencyLimiter(shared, c.capacity, c.lease_ttl, clock=clock),
-            lambda c: AsyncFleetUsageShedder(
-                shared,
-                c.capacity,
-                c.reserved_for_critical,
-                c.lease_ttl,
-                key=c.name,
-                clock=clock,
-            ),
+            self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
         )
 
     async def _execute(self, op: Op) -> Any:

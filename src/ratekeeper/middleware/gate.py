@@ -304,12 +304,15 @@ _Fleet = TypeVar("_Fleet")
 
 def split_checks(
     checks: Sequence[Check],
-    make_lease: Callable[[ConcurrencyCheck], _Lease],
-    make_fleet: Callable[[FleetCheck], _Fleet],
+    store: Any,
+    clock: Clock,
+    lease_class: Callable[..., _Lease],
+    fleet_class: Callable[..., _Fleet],
 ) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
-    """Index checks by position: rate configs, and one limiter per lease-based check.
+    """Index checks by position: rate configs, and one limiter per lease-based check, built on
+    ``store`` (also a lease store when such checks exist; the limiters check that).
 
-    The ASGI and WSGI middleware pass their sync or async limiter constructors.
+    The ASGI and WSGI middleware pass their async or sync classes, whose constructors match.
     """
     rates: dict[int, RateCheck] = {}
     leases: dict[int, _Lease] = {}
@@ -318,7 +321,9 @@ def split_checks(
         if isinstance(c, RateCheck):
             rates[i] = c
         elif isinstance(c, ConcurrencyCheck):
-            leases[i] = make_lease(c)
+            leases[i] = lease_class(store, c.capacity, c.lease_ttl, clock=clock)
         elif isinstance(c, FleetCheck):
-            fleets[i] = make_fleet(c)
+            fleets[i] = fleet_class(
+                store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
+            )
     return rates, leases, fleets
