@@ -15,6 +15,19 @@
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
+-- "<count><13-digit end>" as a number below 10**15 (< 2**53, exact) -> count, end: the
+-- division is corrected for the rounding of v / 1e13
+local function split(v)
+  local used = math.floor(v / 1e13)
+  local ends = v - used * 1e13
+  if ends < 0 then
+    used, ends = used - 1, ends + 1e13
+  elseif ends >= 1e13 then
+    used, ends = used + 1, ends - 1e13
+  end
+  return used, ends
+end
+
 -- Fast path, the common case: one rate, a hit in a live window whose value is the integer
 -- "<count><13-digit end>" below 10**15. Same decision as the general code below, without
 -- creating its tables and closures (Redis CPU per decision matters most here).
@@ -24,13 +37,7 @@ if op == 'hit' and #KEYS == 1 then
   if n > 13 and n <= 15 then
     local v = tonumber(raw)
     if v then
-      local used = math.floor(v / 1e13)
-      local ends = v - used * 1e13
-      if ends < 0 then
-        used, ends = used - 1, ends + 1e13
-      elseif ends >= 1e13 then
-        used, ends = used + 1, ends - 1e13
-      end
+      local used, ends = split(v)
       if ends > now then
         local count = tonumber(ARGV[4])
         if used + cost > count then
@@ -54,14 +61,7 @@ local function decode(raw)
   if n <= 15 then -- the usual case, below 10**15 (< 2**53): split the number itself
     local v = tonumber(raw)
     if v then
-      local used = math.floor(v / 1e13)
-      local ends = v - used * 1e13
-      if ends < 0 then
-        used, ends = used - 1, ends + 1e13
-      elseif ends >= 1e13 then
-        used, ends = used + 1, ends - 1e13
-      end
-      return used, ends
+      return split(v)
     end
   end
   local sep = string.find(raw, ':', 1, true)
