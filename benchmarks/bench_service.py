@@ -255,9 +255,8 @@ def http_worker(port: int) -> Callable[[int], Awaitable[Callable[[int], Awaitabl
 async def grpc_drive(port: int, clients: int, requests: int, seconds: float) -> Row:
     """``ShouldRateLimit`` from ``clients`` concurrent calls over one channel (closed after)."""
     import grpc
-
-    from ratekeeper.service.proto import rls_pb2 as pb
-    from ratekeeper.service.proto import rls_pb2_grpc as pb_grpc
+    from envoy.service.ratelimit.v3 import rls_pb2 as pb
+    from envoy.service.ratelimit.v3 import rls_pb2_grpc as pb_grpc
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]

@@ -10,7 +10,8 @@ Names (all prefixed ``ratekeeper_``):
 - ``store_errors_total``: store calls that raised;
 - ``batch_size``: histogram of plans per store call;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
-- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded.
+- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
+- ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``).
 
 Also: ``InstrumentedStore`` and ``InstrumentedLeases``, the store wrappers that feed the
 latency and error metrics.
@@ -18,7 +19,11 @@ latency and error metrics.
 
 from __future__ import annotations
 
+import math
+import re
+import struct
 import time
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -69,6 +74,7 @@ class Metrics:
             "ratekeeper_config_reloads", "Config reloads by result.", ["result"], registry=r
         )
         self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
+        self.envoy = EnvoyStats(r, 0.8, 1000)
         self._children: dict[tuple[str, str], Counter] = {}
 
     def decision(self, policy: str, outcome: str) -> None:
@@ -146,3 +152,125 @@ class InstrumentedLeases:
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         return await self.inner.count_leases_async(key, now_ms)
+
+
+_IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
+OTHER = "<other>"
+"""The ``key`` (or ``domain``) label of caller-derived stat keys past ``max_stat_keys``."""
+
+
+def sanitize(key: str) -> str:
+    """Upstream's stat name clean-up: ``:`` and ``|`` become ``_``, so do an IPv4's dots."""
+    key = key.replace(":", "_").replace("|", "_")
+    return _IPV4.sub(lambda m: m.group().replace(".", "_"), key) if "." in key else key
+
+
+class EnvoyStats:
+    """envoyproxy/ratelimit's per-limit counters as Prometheus series, labelled by ``domain``
+    and ``key`` (the stat key after the domain, e.g. ``key1_value1.subkey1``).
+
+    Per decided limit and request, by ``hits`` (upstream's rules): ``total_hits``; a hit over
+    the limit adds to ``over_limit`` (and ``over_limit_with_local_cache`` when the local cache
+    answered, ``shadow_mode`` for a shadow limit); a request that crossed the limit counts the
+    hits up to it as ``near_limit``; an admitted request adds to ``within_limit``, and to
+    ``near_limit`` for its hits past the near-limit threshold (``floor(limit x ratio)``, in
+    float32 as upstream). Keys built from caller text (``detailed_metric``, ``value_to_metric``,
+    limit overrides, unknown domains) are bounded: past ``max_keys`` distinct ones they count
+    under ``<other>``.
+    """
+
+    STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode",
+             "over_limit_with_local_cache")  # fmt: skip
+
+    def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
+        self.families = {
+            stat: Counter(
+                f"ratekeeper_envoy_{stat}",
+                f"envoyproxy/ratelimit's {stat} per limit.",
+                ["domain", "key"],
+                registry=registry,
+            )
+            for stat in self.STATS
+        }
+        self.not_found_family = Counter(
+            "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
+            ["domain"], registry=registry,
+        )  # fmt: skip
+        self.global_shadow_mode = Counter(
+            "ratekeeper_envoy_global_shadow_mode",
+            "Requests answered OK by the global shadow mode although over the limit.",
+            registry=registry,
+        )
+        self.configure(near_limit_ratio, max_keys)
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._dynamic: set[tuple[str, str]] = set()
+        self._domains: dict[str, Any] = {}
+
+    def configure(self, near_limit_ratio: float, max_keys: int) -> None:
+        """Apply (re)loaded settings."""
+        self.ratio = _f32(near_limit_ratio)
+        self.max_keys = max_keys
+
+    def counters(self, domain: str, key: str, dynamic: bool) -> tuple[Any, ...]:
+        """The six counters of a stat key (``domain.rest``), made once."""
+        children = self._children.get((domain, key))
+        if children is None:
+            if dynamic and (domain, key) not in self._dynamic:
+                if len(self._dynamic) >= self.max_keys:
+                    return self.counters(domain, domain + "." + OTHER, False)
+                self._dynamic.add((domain, key))
+            rest = sanitize(key[len(domain) + 1 :]) if key.startswith(domain + ".") else key
+            children = tuple(f.labels(domain, rest) for f in self.families.values())
+            self._children[(domain, key)] = children
+        return children
+
+    def count(
+        self, domain: str, key: str, dynamic: bool, hits: int, limit: int, remaining: int,
+        over: bool, local: bool, shadow: bool,
+    ) -> None:  # fmt: skip
+        """Count one decided limit: ``remaining`` is what the decision found (when ``over``)
+        or left (when admitted)."""
+        total, over_limit, near_limit, within, shadow_mode, local_over = self.counters(
+            domain, key, dynamic
+        )
+        total.inc(hits)
+        near = self.threshold(limit)
+        if local:
+            over_limit.inc(hits)
+            local_over.inc(hits)
+            if shadow:
+                shadow_mode.inc(hits)
+        elif over:
+            before = limit - remaining if remaining > 0 else limit  # at least the limit
+            crossed = before < limit
+            excess = hits - remaining if crossed else hits
+            over_limit.inc(excess)
+            if crossed:
+                near_limit.inc(limit - max(near, before))
+            if shadow:
+                shadow_mode.inc(excess)
+        else:
+            after = limit - remaining
+            before = after - hits
+            if after > near:
+                near_limit.inc(hits if before >= near else after - near)
+            within.inc(hits)
+
+    def threshold(self, limit: int) -> int:
+        """Upstream's near-limit threshold: ``floor(float32(limit) * ratio)`` in float32."""
+        return math.floor(_f32(_f32(limit) * self.ratio))
+
+    def not_found(self, domain: str) -> None:
+        child = self._domains.get(domain)
+        if child is None:
+            if len(self._domains) >= self.max_keys:
+                domain = OTHER
+                child = self._domains.get(domain)
+            if child is None:
+                child = self.not_found_family.labels(domain)
+                self._domains[domain] = child
+        child.inc()
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
