@@ -321,6 +321,10 @@ class Engine:
         metrics = self.metrics
         label = spec.label or spec.name
         if not spec.enabled or spec.block:
+            if spec.block and op == "peek" and cost == 0:  # 0 hits of a limit of 0: within it
+                decision = replace(_fixed(spec, self.clock(), allowed=True), remaining=0)
+                metrics.decision(label, "allowed")
+                return Result(decision, spec.name)
             decision = _fixed(spec, self.clock(), allowed=not spec.block)
             metrics.decision(label, "disabled" if not spec.block else "rejected")
             return Result(decision, spec.name)
