@@ -96,9 +96,12 @@ class _Core:
             return None
         try:
             policy = self._singles.get(
-                (rate, algorithm)
-                if burst is None and buckets is None and not (aligned or count_rejected)
-                else _options_key(rate, algorithm, burst, buckets, aligned, count_rejected)
+                (rate, algorithm)  # the common call, without a function call
+                if burst is None
+                and buckets is None
+                and aligned is False
+                and count_rejected is False
+                else _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
             )
         except TypeError:  # an unhashable rate sequence: never cached
             return None
@@ -121,12 +124,7 @@ class _Core:
         count_rejected: bool = False,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
-        # without options, the short key skips the type() calls of _options_key on the hot path
-        cache_key: tuple[Any, ...] = (
-            (rate, algorithm)
-            if burst is None and buckets is None and not (aligned or count_rejected)
-            else _options_key(rate, algorithm, burst, buckets, aligned, count_rejected)
-        )
+        cache_key = _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
         try:
             policy = self._policies.get(cache_key)
         except TypeError:  # an unhashable rate sequence (a list): not cached
@@ -212,7 +210,7 @@ class _Core:
         }
 
 
-def _options_key(
+def _cache_key(
     rate: RateSpec,
     algorithm: str,
     burst: int | None,
@@ -220,8 +218,16 @@ def _options_key(
     aligned: bool,
     count_rejected: bool,
 ) -> tuple[Any, ...]:
-    """The policy cache key of a call with options: their types are part of it (burst=5.0
-    equals burst=5, aligned=1 equals True, and neither is valid)."""
+    """The policy cache key of a call. With options their types are part of it (burst=5.0
+    equals burst=5, aligned=1 equals True, and neither is valid); the common spellings get
+    short keys, built without type() calls (this runs on every call)."""
+    if burst is None and buckets is None:
+        if aligned is False and count_rejected is False:
+            return (rate, algorithm)
+        if (aligned is True or aligned is False) and (
+            count_rejected is True or count_rejected is False
+        ):
+            return (rate, algorithm, aligned, count_rejected)
     options = (burst, buckets, aligned, count_rejected)
     return (rate, algorithm, *options, *(type(o) for o in options))
 

@@ -127,9 +127,13 @@ def store_key(name: str, key: str) -> str:
 
 
 def envoy_key(domain: str, entries: Sequence[tuple[str, str]]) -> str:
-    """An Envoy descriptor's counter key: injective in (domain, entries); it starts with ``[``,
-    so it never equals a ``store_key`` (which starts with a digit)."""
-    return json.dumps([domain, *entries], separators=(",", ":"), ensure_ascii=False)
+    """An Envoy descriptor's counter key: injective in (domain, entries), every part length-
+    prefixed (``[4:edge|2:ip7:1.2.3.4``); it starts with ``[``, so it never equals a
+    ``store_key`` (which starts with a digit)."""
+    if len(entries) == 1:
+        ((k, v),) = entries
+        return f"[{len(domain)}:{domain}|{len(k)}:{k}{len(v)}:{v}"
+    return f"[{len(domain)}:{domain}" + "".join(f"|{len(k)}:{k}{len(v)}:{v}" for k, v in entries)
 
 
 def lease_token(name: str, key: str, lease_id: str) -> str:

@@ -34,7 +34,7 @@ import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import BadRequest
 from ..plan import make_policy
@@ -49,8 +49,7 @@ YIELD_EVERY = 64
 UNITS_BY_SECONDS = {seconds: unit for unit, seconds in UNIT_SECONDS.items()}
 
 
-@dataclass(frozen=True, slots=True)
-class Descriptor:
+class Descriptor(NamedTuple):
     """One descriptor of a request, with Envoy's per-descriptor fields."""
 
     entries: Entries
@@ -60,9 +59,9 @@ class Descriptor:
     """Envoy's limit override ``(requests_per_unit, unit number)``; the unit is checked."""
 
 
-@dataclass(frozen=True, slots=True)
-class Status:
-    """One descriptor's answer; ``limit`` is None when no limit applied."""
+class Status(NamedTuple):
+    """One descriptor's answer; ``limit`` is None when no limit applied (a named tuple: one
+    is made per descriptor, and a frozen dataclass costs several times more to build)."""
 
     over: bool = False
     remaining: int = 0
@@ -83,11 +82,10 @@ class Answer:
     metadata: dict[str, Any] | None = None
 
 
-@dataclass(slots=True)
-class _Item:
-    """A limit to decide for the descriptor at ``index``."""
+class _Item(NamedTuple):
+    """A limit to decide for the descriptor at ``at``."""
 
-    index: int
+    at: int
     limit: EnvoyLimit
     spec: PolicySpec
     key: str
@@ -120,12 +118,22 @@ class Envoy:
             self.stats.not_found(domain)
             return self._finish(domain, descriptors, hits, [NO_LIMIT] * len(descriptors), {})
         items, unlimited = self._resolve(domain, root, descriptors, hits)
-        results = await self._decide(items, settings.stop_increment_when_over_limit)
+        if settings.stop_increment_when_over_limit:
+            results = await self._stop_increment(items)
+        else:
+            results = []
+            decide = engine.decide
+            for n, item in enumerate(items, 1):
+                cost = item.cost
+                op = "hit" if cost > 0 else "peek"
+                results.append(await decide(op, item.spec, item.key, cost, item.stored))
+                if n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         statuses: list[Status] = [UNLIMITED if u else NO_LIMIT for u in unlimited]
         by_index: dict[int, _Item] = {}
         for item, result in zip(items, results, strict=True):
-            statuses[item.index] = self._status(domain, item, result)
-            by_index[item.index] = item
+            statuses[item.at] = self._status(domain, item, result)
+            by_index[item.at] = item
         return self._finish(domain, descriptors, hits, statuses, by_index)
 
     def _resolve(
@@ -150,7 +158,8 @@ class Envoy:
                 found.append(None)
                 continue
             limit = match.limit
-            replacing.update(limit.replaces)
+            if limit.replaces:
+                replacing.update(limit.replaces)
             if limit.unlimited or limit.policy is None:
                 unlimited[i] = True
                 found.append(None)
@@ -162,9 +171,10 @@ class Envoy:
                 key = envoy_key(domain, d.entries)
                 stored = store_key(spec.name, key)
             found.append(_Item(i, limit, spec, key, stored, cost, match.stats_key, match.dynamic))
-        items = [
-            it for it in found if it is not None and it.limit.name not in replacing
-        ]  # a replaced limit answers OK, as if no limit matched
+        if replacing:  # a replaced limit answers OK, as if no limit matched
+            items = [it for it in found if it is not None and it.limit.name not in replacing]
+        else:
+            items = [it for it in found if it is not None]
         for it in items:
             engine.check_key(it.key, "descriptors")
         return items, unlimited
@@ -190,15 +200,9 @@ class Envoy:
         op = op or ("hit" if cost > 0 else "peek")
         return await self.engine.decide(op, item.spec, item.key, cost, item.stored)
 
-    async def _decide(self, items: list[_Item], stop_increment: bool) -> list[Result]:
-        if not stop_increment:
-            out = []
-            for n, item in enumerate(items, 1):
-                out.append(await self._one(item, item.cost))
-                if n % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            return out
-        # upstream reads every counter first; when some would go over, only those are charged
+    async def _stop_increment(self, items: list[_Item]) -> list[Result]:
+        """Upstream reads every counter first; when some would go over, only those are
+        charged (``stop_increment_when_over_limit``)."""
         first = [await self._one(item, item.cost, "peek") for item in items]
         over = [not r.decision.allowed or r.shadow for r in first]
         if not any(over):
@@ -264,7 +268,7 @@ class Envoy:
         headers = self._headers(chosen, statuses) if settings.response_headers != "none" else []
         if over and settings.shadow_mode:
             over = False
-            self.stats.global_shadow_mode.inc()
+            self.stats.global_shadow_mode += 1
         metadata = None
         if settings.response_dynamic_metadata:
             metadata = _metadata(domain, descriptors, hits, passed, by_index)

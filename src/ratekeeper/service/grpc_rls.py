@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
-from google.protobuf.duration_pb2 import Duration
 
 from ..errors import BadRequest
 from .envoy import Answer, Descriptor, Envoy, check_override_unit
@@ -89,7 +88,9 @@ def descriptors_of(request: Any, max_descriptors: int, max_entries: int) -> list
             f"{count} descriptors in one request; the limit is {max_descriptors} "
             "(envoy.max_descriptors)",
         )
-    entries = sum(len(d.entries) for d in request.descriptors)
+    entries = len(request.descriptors[0].entries) if count == 1 else 0
+    if count > 1:
+        entries = sum(len(d.entries) for d in request.descriptors)
     if entries > max_entries:
         raise BadRequest(
             "descriptors",
@@ -109,7 +110,7 @@ def descriptors_of(request: Any, max_descriptors: int, max_entries: int) -> list
         if d.HasField("limit"):
             check_override_unit(i, d.limit.unit)
             limit = (d.limit.requests_per_unit, d.limit.unit)
-        out.append(Descriptor(tuple((e.key, e.value) for e in d.entries), hits, limit))
+        out.append(Descriptor(tuple([(e.key, e.value) for e in d.entries]), hits, limit))
     return out
 
 
@@ -140,17 +141,15 @@ def build_response(answer: Answer) -> Any:
             out.current_limit.requests_per_unit = min(requests, 2**32 - 1)
             out.current_limit.unit = unit
             out.current_limit.name = name
-            out.duration_until_reset.CopyFrom(_duration(status.reset))
+            whole = int(status.reset)
+            out.duration_until_reset.seconds = whole
+            if status.reset != whole:
+                out.duration_until_reset.nanos = round((status.reset - whole) * 1e9) % 10**9
     for key, value in answer.headers:
         response.response_headers_to_add.add(key=key, value=value)
     if answer.metadata is not None:
         response.dynamic_metadata.update(answer.metadata)
     return response
-
-
-def _duration(seconds: float) -> Duration:
-    whole = int(seconds)
-    return Duration(seconds=whole, nanos=round((seconds - whole) * 1e9) % 1_000_000_000)
 
 
 def handler(envoy: Envoy) -> grpc.GenericRpcHandler[Any, Any]:

@@ -23,7 +23,7 @@ import math
 import re
 import struct
 import time
-from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -33,6 +33,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..algorithms import Outcome
 from ..plan import Plan
@@ -177,52 +178,43 @@ class EnvoyStats:
     float32 as upstream). Keys built from caller text (``detailed_metric``, ``value_to_metric``,
     limit overrides, unknown domains) are bounded: past ``max_keys`` distinct ones they count
     under ``<other>``.
+
+    The counts are plain integers in a dict (this is on every decision's path: a
+    prometheus_client ``inc`` costs a lock and two calls); ``collect`` turns them into
+    counter families when Prometheus scrapes.
     """
 
     STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode",
              "over_limit_with_local_cache")  # fmt: skip
 
     def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
-        self.families = {
-            stat: Counter(
-                f"ratekeeper_envoy_{stat}",
-                f"envoyproxy/ratelimit's {stat} per limit.",
-                ["domain", "key"],
-                registry=registry,
-            )
-            for stat in self.STATS
-        }
-        self.not_found_family = Counter(
-            "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
-            ["domain"], registry=registry,
-        )  # fmt: skip
-        self.global_shadow_mode = Counter(
-            "ratekeeper_envoy_global_shadow_mode",
-            "Requests answered OK by the global shadow mode although over the limit.",
-            registry=registry,
-        )
         self.configure(near_limit_ratio, max_keys)
-        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._counts: dict[tuple[str, str], list[int]] = {}
+        self._labels: dict[tuple[str, str], tuple[str, str]] = {}
         self._dynamic: set[tuple[str, str]] = set()
-        self._domains: dict[str, Any] = {}
+        self._not_found: dict[str, int] = {}
+        self.global_shadow_mode = 0
+        registry.register(self)  # a collector: it has collect()
 
     def configure(self, near_limit_ratio: float, max_keys: int) -> None:
         """Apply (re)loaded settings."""
         self.ratio = _f32(near_limit_ratio)
         self.max_keys = max_keys
+        self._near: dict[int, int] = {}
 
-    def counters(self, domain: str, key: str, dynamic: bool) -> tuple[Any, ...]:
-        """The six counters of a stat key (``domain.rest``), made once."""
-        children = self._children.get((domain, key))
-        if children is None:
+    def counts(self, domain: str, key: str, dynamic: bool) -> list[int]:
+        """The six counts of a stat key (``domain.rest``), in ``STATS`` order."""
+        found = self._counts.get((domain, key))
+        if found is None:
             if dynamic and (domain, key) not in self._dynamic:
                 if len(self._dynamic) >= self.max_keys:
-                    return self.counters(domain, domain + "." + OTHER, False)
+                    return self.counts(domain, domain + "." + OTHER, False)
                 self._dynamic.add((domain, key))
             rest = sanitize(key[len(domain) + 1 :]) if key.startswith(domain + ".") else key
-            children = tuple(f.labels(domain, rest) for f in self.families.values())
-            self._children[(domain, key)] = children
-        return children
+            found = [0, 0, 0, 0, 0, 0]
+            self._counts[(domain, key)] = found
+            self._labels[(domain, key)] = (domain, rest)
+        return found
 
     def count(
         self, domain: str, key: str, dynamic: bool, hits: int, limit: int, remaining: int,
@@ -230,46 +222,63 @@ class EnvoyStats:
     ) -> None:  # fmt: skip
         """Count one decided limit: ``remaining`` is what the decision found (when ``over``)
         or left (when admitted)."""
-        total, over_limit, near_limit, within, shadow_mode, local_over = self.counters(
-            domain, key, dynamic
-        )
-        total.inc(hits)
-        near = self.threshold(limit)
-        if local:
-            over_limit.inc(hits)
-            local_over.inc(hits)
-            if shadow:
-                shadow_mode.inc(hits)
-        elif over:
-            before = limit - remaining if remaining > 0 else limit  # at least the limit
-            crossed = before < limit
-            excess = hits - remaining if crossed else hits
-            over_limit.inc(excess)
-            if crossed:
-                near_limit.inc(limit - max(near, before))
-            if shadow:
-                shadow_mode.inc(excess)
-        else:
+        c = self._counts.get((domain, key)) or self.counts(domain, key, dynamic)
+        c[0] += hits
+        near = self._near.get(limit)
+        if near is None:
+            near = self._near[limit] = self.threshold(limit)
+        if not over:
             after = limit - remaining
-            before = after - hits
             if after > near:
-                near_limit.inc(hits if before >= near else after - near)
-            within.inc(hits)
+                before = after - hits
+                c[2] += hits if before >= near else after - near
+            c[3] += hits
+        elif local:
+            c[1] += hits
+            c[5] += hits
+            if shadow:
+                c[4] += hits
+        else:
+            crossed = remaining > 0  # the request found room, and asked for more
+            excess = hits - remaining if crossed else hits
+            c[1] += excess
+            if crossed:
+                before = limit - remaining
+                c[2] += limit - (near if near > before else before)
+            if shadow:
+                c[4] += excess
 
     def threshold(self, limit: int) -> int:
         """Upstream's near-limit threshold: ``floor(float32(limit) * ratio)`` in float32."""
         return math.floor(_f32(_f32(limit) * self.ratio))
 
     def not_found(self, domain: str) -> None:
-        child = self._domains.get(domain)
-        if child is None:
-            if len(self._domains) >= self.max_keys:
-                domain = OTHER
-                child = self._domains.get(domain)
-            if child is None:
-                child = self.not_found_family.labels(domain)
-                self._domains[domain] = child
-        child.inc()
+        if domain not in self._not_found and len(self._not_found) >= self.max_keys:
+            domain = OTHER
+        self._not_found[domain] = self._not_found.get(domain, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        """The counter families (``ratekeeper_envoy_<stat>_total``) for a scrape."""
+        for i, stat in enumerate(self.STATS):
+            family = CounterMetricFamily(
+                f"ratekeeper_envoy_{stat}", f"envoyproxy/ratelimit's {stat} per limit.",
+                labels=["domain", "key"],
+            )  # fmt: skip
+            for k, values in self._counts.items():
+                family.add_metric(self._labels[k], values[i])
+            yield family
+        missing = CounterMetricFamily(
+            "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
+            labels=["domain"],
+        )  # fmt: skip
+        for domain, n in self._not_found.items():
+            missing.add_metric([domain], n)
+        yield missing
+        yield CounterMetricFamily(
+            "ratekeeper_envoy_global_shadow_mode",
+            "Requests answered OK by the global shadow mode although over the limit.",
+            value=self.global_shadow_mode,
+        )
 
 
 def _f32(x: float) -> float:
