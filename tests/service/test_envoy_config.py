@@ -436,3 +436,24 @@ def test_grpc_auth_needs_a_token(tmp_path: Path) -> None:
     assert cfg.auth.grpc and cfg.auth.admin_token
     with pytest.raises(ConfigError, match=r"f0.yaml:1: auth\.grpc: true needs a token"):
         load(tmp_path, "auth:\n  grpc: true\n")
+
+
+def test_fingerprint_sees_writes_removals_and_a_swapped_symlink(tmp_path: Path) -> None:
+    from ratekeeper.service.config_files import fingerprint
+
+    for name in ("v1", "v2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "edge.yaml").write_text(f"domain: {name}\ndescriptors:\n")
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "v1")
+    first = fingerprint([str(link)])
+    link.unlink()
+    link.symlink_to(tmp_path / "v2")  # upstream's deploy: swap the runtime root's symlink
+    second = fingerprint([str(link)])
+    assert second != first
+    (tmp_path / "v2" / "more.yaml").write_text("domain: more\ndescriptors:\n")
+    third = fingerprint([str(link)])
+    assert third != second
+    (tmp_path / "v2" / "more.yaml").unlink()
+    assert fingerprint([str(link)]) == second
+    assert set(config.load([str(link)], env={}).domains) == {"v2"}

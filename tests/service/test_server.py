@@ -560,3 +560,37 @@ def test_concurrency_auth(service: ServiceProcess) -> None:
         assert anon.post("/v1/concurrency/release", json=lease).status_code == 401
         assert anon.post("/v1/concurrency/release", json=lease, headers=USER).json()["released"]
         assert anon.get("/v1/concurrency/acquire", headers=USER).status_code == 405
+
+
+def test_grpc_with_only_an_admin_token_requires_it(tmp_path: Path) -> None:
+    """``auth.grpc: true`` with an admin token alone used to leave gRPC open."""
+    path = tmp_path / "admin-only.yaml"
+    path.write_text(CONFIG.replace(f"  token: {TOKEN}\n", "").replace(
+        f"  admin_token: {ADMIN}\n", f"  admin_token: {ADMIN}\n  grpc: true\n"
+    ))  # fmt: skip
+    proc = ServiceProcess(path)
+    try:
+        req = pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "8.8.8.8"))])
+        with grpc.insecure_channel(f"127.0.0.1:{proc.grpc_port}") as channel:
+            stub = pb_grpc.RateLimitServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ShouldRateLimit(req, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.ShouldRateLimit(
+                req, timeout=10, metadata=(("authorization", f"Bearer {ADMIN}"),)
+            )
+            assert ok.overall_code == pb.RateLimitResponse.OK
+    finally:
+        proc.stop()
+
+
+def test_grpc_reply_that_could_be_too_large_is_refused_before_counting() -> None:
+    from ratekeeper.errors import BadRequest
+    from ratekeeper.service.grpc_rls import MAX_REPLY_BYTES, check_reply_size
+
+    big = descriptor(*[("k", "v" * 1100)] * 8)  # within max_descriptors and max_entries
+    request = pb.RateLimitRequest(domain="edge", descriptors=[big] * 256)
+    assert 2 * request.ByteSize() > MAX_REPLY_BYTES
+    check_reply_size(request, dynamic_metadata=False)  # statuses alone stay small
+    with pytest.raises(BadRequest, match="could exceed"):
+        check_reply_size(request, dynamic_metadata=True)  # the metadata echoes the request
