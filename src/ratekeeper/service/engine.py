@@ -190,10 +190,14 @@ class Engine:
         self.cache = OverLimitCache()
         self.config = config
         self.overrides: dict[str, tuple[bool, bool]] = {}
+        self.generation = 0
+        """Changes whenever a policy may answer differently (reload, toggle): what callers
+        derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
         self.config = config
+        self.generation += 1
         self.overrides.clear()
         self.cache.clear()
 
@@ -250,6 +254,7 @@ class Engine:
             spec.shadow if shadow is None else shadow,
         )
         self.overrides[name] = new
+        self.generation += 1
         self.cache.clear()
 
     async def hit(self, spec: PolicySpec, key: str, cost: int) -> Result:
@@ -339,11 +344,7 @@ class Engine:
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
-        call = self.limiter.hit if op == "hit" else self.limiter.peek
-        decision = await call(
-            stored, spec.policy.rates, algorithm=spec.algorithm, cost=cost, burst=spec.burst,
-            buckets=spec.buckets, aligned=spec.aligned, count_rejected=spec.count_rejected,
-        )  # fmt: skip
+        decision = await self.limiter.decide(op, stored, spec.policy, cost)  # type: ignore[arg-type]
         if decision.degraded:
             metrics.decision(label, "degraded")
             return Result(decision, spec.name)

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
-from .engine import Engine, LeaseResult, Result
+from .engine import Engine, LeaseResult, Result, store_key
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Headers = dict[str, str] | list[tuple[bytes, bytes]]
 
 MAX_BODY = 64 * 1024
 MAX_COST = 2**31 - 1
@@ -85,6 +86,9 @@ ROUTES: tuple[Route, ...] = (
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
 _EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
+_DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
+"""The client routes that decide, served before the router (``ROUTES`` says the same)."""
+_DECIDE_FIELDS = {"policy", "key", "cost"}
 _TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
 
 
@@ -135,7 +139,13 @@ class HttpApi:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
-            status, body, headers = await self._route(scope, receive, path, method)
+            if path in _DECIDE and method == "POST":  # the hot routes, without the router
+                if self._guarded:
+                    self._authorize(scope, False)
+                req = _object(await _body(scope, receive), _DECIDE_FIELDS)
+                status, body, headers = await self._decide(_DECIDE[path], req)
+            else:
+                status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
             self.engine.metrics.refused.labels(exc.field).inc()
             status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
@@ -149,19 +159,22 @@ class HttpApi:
             payload = body
         else:
             payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        names = _HEADER_NAMES
-        raw = [
-            (names.get(k) or k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-        if "content-type" not in headers:
+        if isinstance(headers, list):  # a decision's, encoded already
+            raw = headers
             raw.append(_JSON)
+        elif headers:
+            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+            if "content-type" not in headers:
+                raw.append(_JSON)
+        else:
+            raw = [_JSON]
         raw.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
-    ) -> tuple[int, Any, dict[str, str]]:
+    ) -> tuple[int, Any, Headers]:
         route = find_route(path)
         access = route.access if route is not None else _access_of_unknown(path)
         if access != "public":  # before anything else: no route reveals itself without a token
@@ -210,9 +223,19 @@ class HttpApi:
         req = _object(await _body(scope, receive), fields)
         return await self._decide(op, req)
 
-    async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+    @property
+    def _guarded(self) -> bool:
+        auth = self.engine.config.auth
+        return bool(auth.token or auth.admin_token)
+
+    async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
         engine = self.engine
-        spec = engine.spec(req.get("policy"))
+        name = req.get("policy")
+        spec = None
+        if type(name) is str and name not in engine.overrides:  # engine.spec's common case
+            spec = engine.config.policies.get(name)
+        if spec is None:
+            spec = engine.spec(name)
         if "key" not in req:
             raise BadRequest("key", "key is missing; expected a non-empty string")
         key = engine.check_key(req["key"])
@@ -221,17 +244,14 @@ class HttpApi:
             cost = int(cost)
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
-        if op == "hit":
-            result = await engine.hit(spec, key, cost)
-        elif op == "peek":
-            result = await engine.peek(spec, key, cost)
-        elif op == "refund":
+        if op == "hit" or op == "peek":
+            result = await engine.decide(op, spec, key, cost, store_key(spec.name, key))
+            return 200, _result_body(result), _decision_headers(result)
+        if op == "refund":
             await engine.refund(spec, key, cost)
             return 200, {"refunded": cost, "policy": spec.name}, {}
-        else:
-            await engine.reset(spec, key)
-            return 200, {"reset": True, "policy": spec.name}, {}
-        return 200, _result_body(result), result.decision.headers(spec.name)
+        await engine.reset(spec, key)
+        return 200, {"reset": True, "policy": spec.name}, {}
 
     def _describe(self, name: str) -> dict[str, Any]:
         if name in self.engine.config.concurrency:
@@ -300,6 +320,14 @@ def check_bearer(given: str, expected: str) -> bool:
 
 def _same(given: bytes, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given, expected.encode())
+
+
+def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:
+    """A decision's headers (``Decision.headers``) as the server sends them."""
+    names = _HEADER_NAMES
+    return [
+        (names[k], v.encode("latin-1")) for k, v in result.decision.headers(result.policy).items()
+    ]
 
 
 def _result_json(result: Result) -> dict[str, Any]:
@@ -372,6 +400,16 @@ def _method(method: str, expected: str) -> None:
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")
+        if len(body) <= MAX_BODY:  # the whole body, small: its length needs no other check
+            return body
+    return await _rest(scope, receive, message)
+
+
+async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
+    """The body after its first message: refused early when its length is over the limit."""
     for k, v in scope["headers"]:
         if k == b"content-length":
             if not v.isdigit():
@@ -381,7 +419,6 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise BadRequest("body", "the client went away before sending the body")
         chunk = message.get("body", b"")
@@ -391,13 +428,14 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+        message = await receive()
 
 
 def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
     if not raw.strip():
         raise BadRequest("body", "the body is empty; expected a JSON object")
     try:
-        value = json.loads(raw, parse_constant=_no_constant)
+        value = _loads(raw)
     except (ValueError, RecursionError) as exc:
         raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -412,6 +450,27 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(
+    parse_constant=_no_constant
+).scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, missing in typeshed
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads(raw, parse_constant=_no_constant)``; a UTF-8 object is read by the C
+    scanner directly (json.loads would build a decoder per call). Anything else, errors
+    included, goes through ``json.loads`` so its messages stay the same."""
+    if raw[:1] == b"{" and raw[-1:] == b"}":
+        try:
+            text = raw.decode()
+            value, end = _SCAN(text, 0)
+        except (ValueError, StopIteration, RecursionError):
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(raw, parse_constant=_no_constant)
 
 
 def _optional_bool(req: dict[str, Any], name: str) -> bool | None:

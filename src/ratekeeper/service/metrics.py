@@ -23,22 +23,25 @@ import math
 import re
 import struct
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
+from time import perf_counter
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
-from ..algorithms import Outcome
+from ..algorithms import Algorithm, Limit, Outcome
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
+from ..stores.memory import MemoryStore
 from ..stores.sharded import ShardedRedisStore
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -53,19 +56,17 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.decisions = Counter(
-            "ratekeeper_decisions", "Decisions by policy and outcome.", ["policy", "outcome"],
-            registry=r,
-        )  # fmt: skip
-        self.store_latency = Histogram(
-            "ratekeeper_store_latency_seconds", "Latency of store calls.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.decisions = PlainCounter(
+            "ratekeeper_decisions", "Decisions by policy and outcome.", ("policy", "outcome"), r
+        )
+        self.store_latency = PlainHistogram(
+            "ratekeeper_store_latency_seconds", "Latency of store calls.", _LATENCY_BUCKETS, r
+        )
         self.store_errors = Counter(
             "ratekeeper_store_errors", "Store calls that raised.", registry=r
         )
-        self.batch_size = Histogram(
-            "ratekeeper_batch_size", "Plans per store call.", buckets=_BATCH_BUCKETS, registry=r
+        self.batch_size = PlainHistogram(
+            "ratekeeper_batch_size", "Plans per store call.", _BATCH_BUCKETS, r
         )
         self.refused = Counter(
             "ratekeeper_requests_refused", "Requests refused before counting.", ["reason"],
@@ -76,19 +77,65 @@ class Metrics:
         )
         self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
         self.envoy = EnvoyStats(r, 0.8, 1000)
-        self._children: dict[tuple[str, str], Counter] = {}
 
     def decision(self, policy: str, outcome: str) -> None:
-        """Count one decision (label children are cached: this is on the hot path)."""
-        child = self._children.get((policy, outcome))
-        if child is None:
-            child = self.decisions.labels(policy, outcome)
-            self._children[(policy, outcome)] = child
-        child.inc()
+        """Count one decision (on every decision's path: a plain integer)."""
+        counts = self.decisions.counts
+        key = (policy, outcome)
+        counts[key] = counts.get(key, 0) + 1
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
         return generate_latest(self.registry)
+
+
+class PlainCounter:
+    """A labelled counter kept as plain integers and handed to Prometheus at scrape time: a
+    prometheus_client ``inc`` costs a lock and three calls, too much for every decision."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: tuple[str, ...], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.counts: dict[tuple[str, ...], int] = {}
+        registry.register(self)  # a collector: it has collect()
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for values, n in list(self.counts.items()):
+            family.add_metric(values, n)
+        yield family
+
+
+class PlainHistogram:
+    """A histogram kept as plain numbers (see ``PlainCounter``), exposed as Prometheus'
+    ``Histogram`` exposes one (``_bucket``, ``_count``, ``_sum``)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative, running = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += n
+            cumulative.append((_go_float(bound), running))
+        yield HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
+        )
 
 
 class InstrumentedStore:
@@ -107,6 +154,24 @@ class InstrumentedStore:
             raise
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
+
+
+class InstrumentedLocalStore(InstrumentedStore):
+    """``InstrumentedStore`` over an in-process store: its ``hit_one`` is timed too, so the
+    limiters keep their shortcut (``LocalStore``)."""
+
+    def __init__(self, inner: MemoryStore, metrics: Metrics) -> None:
+        super().__init__(inner, metrics)
+        self._hit_one = inner.hit_one
+        self._observe = metrics.store_latency.observe
+
+    def hit_one(
+        self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
+    ) -> Outcome:
+        start = perf_counter()
+        outcome = self._hit_one(slot, key, algorithm, limit, now, cost)
+        self._observe(perf_counter() - start)
+        return outcome
 
 
 class InstrumentedPartitionedStore(InstrumentedStore):
@@ -279,6 +344,12 @@ class EnvoyStats:
             "Requests answered OK by the global shadow mode although over the limit.",
             value=self.global_shadow_mode,
         )
+
+
+def _go_float(x: float) -> str:
+    """A bucket bound as prometheus_client writes it (``+Inf``, ``0.5``, ``1.0``)."""
+    text: str = floatToGoString(x)  # type: ignore[no-untyped-call]  # untyped in the package
+    return text
 
 
 def _f32(x: float) -> float:

@@ -43,7 +43,13 @@ from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import handler
 from .http import HttpApi
-from .metrics import InstrumentedLeases, InstrumentedPartitionedStore, InstrumentedStore, Metrics
+from .metrics import (
+    InstrumentedLeases,
+    InstrumentedLocalStore,
+    InstrumentedPartitionedStore,
+    InstrumentedStore,
+    Metrics,
+)
 from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
@@ -74,7 +80,7 @@ def build_store(
     s = settings
     if s.kind == "memory":
         memory = MemoryStore(max_keys=s.max_keys)
-        return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics)
+        return InstrumentedLocalStore(memory, metrics), InstrumentedLeases(memory, metrics)
     if s.kind == "redis":
         store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
         leases = InstrumentedLeases(store, metrics)
