@@ -17,8 +17,14 @@ _LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \(Envoy RLS\) on [^ ]+:(\d
 class ServiceProcess:
     """Starts ``ratekeeper serve`` and learns its ports from the line it prints."""
 
-    def __init__(self, *configs: Path, env: dict[str, str] | None = None, grpc: bool = True):
-        args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0"]
+    def __init__(
+        self,
+        *configs: Path,
+        env: dict[str, str] | None = None,
+        grpc: bool = True,
+        extra: tuple[str, ...] = (),
+    ):
+        args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0", *extra]
         args += ["--grpc-port", "0"] if grpc else ["--no-grpc"]
         for c in configs:
             args += ["--config", str(c)]
@@ -54,12 +60,12 @@ class ServiceProcess:
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
-    def stop(self) -> str:
+    def stop(self, timeout: float = 10.0) -> str:
         """Stop the process (by PID) and return what it wrote to stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)

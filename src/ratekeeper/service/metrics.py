@@ -19,12 +19,15 @@ latency and error metrics.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 import struct
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from pathlib import Path
 from time import perf_counter
 
 from prometheus_client import (
@@ -35,6 +38,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from ..algorithms import Algorithm, Limit, Outcome
@@ -49,9 +53,17 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class Metrics:
-    """The service's metrics and their exposition."""
+    """The service's metrics and their exposition.
 
-    def __init__(self) -> None:
+    Under ``--workers`` (``worker`` set) every series carries ``worker="<i>"``; each worker
+    writes its series to ``peers_dir`` (``publish``, every second) and answers a scrape with
+    its own series and the other workers' last published ones, so any worker a scrape reaches
+    reports them all.
+    """
+
+    def __init__(self, worker: int | None = None, peers_dir: str | None = None) -> None:
+        self.worker = worker
+        self.peers_dir = Path(peers_dir) if peers_dir else None
         # the *_created series only double the scrape size (prometheus_client is untyped here)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
@@ -86,7 +98,65 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
-        return generate_latest(self.registry)
+        if self.worker is None:
+            return generate_latest(self.registry)
+        own = self.publish()
+        texts = [own]
+        if self.peers_dir is not None:
+            for path in sorted(self.peers_dir.glob("*.prom")):
+                if path.stem != str(self.worker):
+                    with contextlib.suppress(OSError):  # a worker replacing its file
+                        texts.append(path.read_text())
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_Merged(texts))
+        return generate_latest(merged)
+
+    def publish(self) -> str:
+        """This worker's series, labelled with it, also written to ``peers_dir``."""
+        assert self.worker is not None
+        labelled = CollectorRegistry(auto_describe=False)
+        labelled.register(_Labelled(self.registry, str(self.worker)))
+        text = generate_latest(labelled).decode()
+        if self.peers_dir is not None:
+            path = self.peers_dir / f"{self.worker}.prom"
+            partial = path.with_suffix(".tmp")
+            with contextlib.suppress(OSError):  # the supervisor removed it: shutting down
+                partial.write_text(text)
+                os.replace(partial, path)
+        return text
+
+
+class _Labelled:
+    """A registry's metrics with a ``worker`` label on every sample."""
+
+    def __init__(self, registry: CollectorRegistry, worker: str) -> None:
+        self.registry, self.worker = registry, worker
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                s._replace(labels={**s.labels, "worker": self.worker}) for s in family.samples
+            ]
+            yield out
+
+
+class _Merged:
+    """Several workers' expositions as one: each family once, with every worker's samples."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for text in self.texts:
+            for family in text_string_to_metric_families(text):
+                have = families.get(family.name)
+                if have is None:
+                    families[family.name] = family
+                else:
+                    have.samples.extend(family.samples)
+        yield from families.values()
 
 
 class PlainCounter:

@@ -70,6 +70,11 @@ class ServeOptions:
     """Read dot files in config directories too (envoyproxy/ratelimit's default)."""
     watch_interval: float = 1.0
     """Seconds between looks at config directories for changes (0: do not watch)."""
+    worker: int | None = None
+    """This process's index under ``--workers`` (None: the only process): its ports are
+    shared (SO_REUSEPORT), its metrics carry ``worker="<i>"`` and are published to
+    ``metrics_dir`` for the other workers to include."""
+    metrics_dir: str | None = None
 
 
 def build_store(
@@ -115,7 +120,7 @@ class Service:
         self.options = options
         self.config = config_mod.load(options.config_files, dotfiles=options.dotfiles)
         _warn(self.config)
-        self.metrics = Metrics()
+        self.metrics = Metrics(options.worker, options.metrics_dir)
         self.metrics.policies.set(len(self.config.policies))
         self.metrics.envoy.configure(
             self.config.envoy.near_limit_ratio, self.config.envoy.max_stat_keys
@@ -168,12 +173,14 @@ class Service:
         """Serve until SIGINT/SIGTERM."""
         opts = self.options
         loop = asyncio.get_running_loop()
-        sock = _listen(opts.host, opts.port)  # first, so a busy port fails cleanly
+        shared = opts.worker is not None
+        sock = _listen(opts.host, opts.port, shared)  # first, so a busy port fails cleanly
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            # no SO_REUSEPORT: a second service on the same port must fail, not share it
-            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+            # SO_REUSEPORT only among workers (their supervisor holds the ports): a second
+            # service on the same port must fail, not share it
+            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", int(shared)),))
             grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
@@ -199,11 +206,15 @@ class Service:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        watcher = None
+        chores: list[asyncio.Task[None]] = []
         if opts.watch_interval > 0 and any(os.path.isdir(p) for p in opts.config_files):
-            watcher = asyncio.create_task(
-                watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
+            chores.append(
+                asyncio.create_task(
+                    watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
+                )
             )
+        if shared:
+            chores.append(asyncio.create_task(self._publish()))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -211,17 +222,29 @@ class Service:
             where = f"ratekeeper serving HTTP on http://{opts.host}:{http_port}"
             if grpc_port is not None:
                 where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
-            print(where, f"[store: {self.config.store.kind}]", flush=True)
+            worker = "" if opts.worker is None else f" [worker {opts.worker}]"
+            print(where, f"[store: {self.config.store.kind}]{worker}", flush=True)
             print("config: " + ", ".join(self.config.files), flush=True)
             if ready is not None:
                 ready.set()
         try:
             await task
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for chore in chores:
+                chore.cancel()
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+
+    async def _publish(self) -> None:
+        """A worker's chore: publish its metrics every second for the other workers, and stop
+        when its supervisor is gone (its parent changed)."""
+        parent = os.getppid()
+        while True:
+            self.metrics.publish()
+            await asyncio.sleep(1.0)
+            if os.getppid() != parent:
+                log.error("the supervisor is gone; worker %s stops", self.options.worker)
+                signal.raise_signal(signal.SIGTERM)
 
 
 def _warn(config: config_mod.ServiceConfig) -> None:
@@ -229,8 +252,9 @@ def _warn(config: config_mod.ServiceConfig) -> None:
         log.warning("config: %s", warning)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use)."""
+def _listen(host: str, port: int, shared: bool = False) -> socket.socket:
+    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use);
+    ``shared``: with SO_REUSEPORT, as every worker of a supervisor listens."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -240,6 +264,8 @@ def _listen(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen for HTTP on {host}:{port} (--host): {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
         sock.setblocking(False)
@@ -265,7 +291,10 @@ def _has(module: str) -> bool:
 
 def serve(options: ServeOptions) -> int:
     """Build and run the service (on uvloop when installed); return the process exit code."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    worker = "" if options.worker is None else f"[worker {options.worker}] "
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s %(levelname)s {worker}%(message)s"
+    )
 
     async def main() -> None:
         await Service(options).run()
