@@ -15,7 +15,10 @@ Rules:
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
-- a response whose status is in ``refund_statuses`` (default: 304) is refunded.
+- a response whose status is in ``refund_statuses`` (default: 304) is refunded;
+- an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
+  shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
+  granted when the driver could wait for it, is refunded and released.
 """
 
 from __future__ import annotations
@@ -68,7 +71,17 @@ class Failure:
 class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
-    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
+    __slots__ = (
+        "aborted",
+        "best",
+        "charged",
+        "done",
+        "entered",
+        "headers",
+        "leases",
+        "rejection",
+        "tier",
+    )
 
     def __init__(self) -> None:
         self.tier: str | None = None
@@ -79,6 +92,7 @@ class Admission:
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+        self.aborted = False
 
 
 class _Degraded(Exception):
@@ -233,12 +247,27 @@ class Gate:
                 self.in_flight -= 1
         ops = []
         if adm.charged and (
-            adm.rejection is not None or (status is not None and status in self.refund_statuses)
+            adm.rejection is not None
+            or adm.aborted
+            or (status is not None and status in self.refund_statuses)
         ):
             ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
+        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
+        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
+        unknown): a charge or lease it granted is given back too."""
+        if op is not None and result is not None and not isinstance(result, Failure):
+            if op.kind == "hit" and isinstance(result, Decision):
+                if result.allowed and not result.degraded:
+                    adm.charged.append((op.position, op.key, op.cost))
+            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
+                adm.leases.append((op.position, result))
+        adm.aborted = True
+        return self.finish(adm, None)
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
