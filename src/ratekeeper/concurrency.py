@@ -254,7 +254,7 @@ class ConcurrencyLimiter(_Base):
         if self._core.skip(breaker):
             return False
         try:
-            live = self.store.release_lease(lease.key, lease.id)
+            live = self.store.release_lease(lease.key, lease.id, int(self._core.clock() * 1000))
         except Exception as exc:
             self._core.record_error(exc, breaker)
             return False
@@ -332,7 +332,8 @@ class AsyncConcurrencyLimiter(_Base):
         if self._core.skip(breaker):
             return False
         try:
-            live = await self.store.release_lease_async(lease.key, lease.id)
+            now_ms = int(self._core.clock() * 1000)
+            live = await self.store.release_lease_async(lease.key, lease.id, now_ms)
         except Exception as exc:
             self._core.record_error(exc, breaker)
             return False

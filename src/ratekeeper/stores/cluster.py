@@ -189,10 +189,10 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
         try:
-            return self._sync_leases().release_lease(key, lease_id)
+            return self._sync_leases().release_lease(key, lease_id, now_ms)
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
@@ -213,10 +213,10 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio cluster client."""
         try:
-            return await (await self._aio_leases()).release_lease_async(key, lease_id)
+            return await (await self._aio_leases()).release_lease_async(key, lease_id, now_ms)
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 

@@ -155,9 +155,9 @@ class RedisStore:
         """Sweep, count and add one lease in one script (``LeaseStore``)."""
         return self._sync_leases().acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
-        return self._sync_leases().release_lease(key, lease_id)
+        return self._sync_leases().release_lease(key, lease_id, now_ms)
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (``LeaseStore``)."""
@@ -170,9 +170,9 @@ class RedisStore:
         leases = self._aio_leases()
         return await leases.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio client."""
-        return await self._aio_leases().release_lease_async(key, lease_id)
+        return await self._aio_leases().release_lease_async(key, lease_id, now_ms)
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """The same as ``count_leases``, on the asyncio client."""

@@ -204,11 +204,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease on the owning shard's primary (``LeaseStore``)."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return node.primary.release_lease(key, lease_id)
+            return node.primary.release_lease(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -232,11 +232,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio clients."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return await node.primary.release_lease_async(key, lease_id)
+            return await node.primary.release_lease_async(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
