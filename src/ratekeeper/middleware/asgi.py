@@ -29,7 +29,7 @@ from ..stores.base import AsyncStore, LocalStore
 from ..stores.memory import MemoryStore
 from .checks import Check, Controls
 from .gate import Admission, Failure, Gate, Op, run_async, split_checks
-from .request import PriorityFunc, from_scope
+from .request import PriorityFunc, from_scope, trusted_networks
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -63,7 +63,9 @@ class RateLimitMiddleware:
     """ASGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be an ``AsyncStore``, and an
-    ``AsyncLeaseStore`` too when there are concurrency or fleet checks.
+    ``AsyncLeaseStore`` too when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges of
+    your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
+    every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -78,8 +80,10 @@ class RateLimitMiddleware:
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
@@ -163,7 +167,7 @@ class RateLimitMiddleware:
                 return result
 
         try:
-            await run_async(self.gate.admit(from_scope(scope), adm), execute)
+            await run_async(self.gate.admit(from_scope(scope, self.trusted_proxies), adm), execute)
         except Exception:
             raise
         except BaseException:  # cancelled: CancelledError, or another library's cancellation

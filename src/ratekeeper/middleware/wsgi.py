@@ -24,7 +24,7 @@ from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from .checks import Check, Controls
 from .gate import Admission, Gate, Op, run, split_checks
-from .request import PriorityFunc, from_environ
+from .request import PriorityFunc, from_environ, trusted_networks
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -65,7 +65,9 @@ class WSGIRateLimitMiddleware:
     """WSGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be a ``Store``, and a ``LeaseStore`` too
-    when there are concurrency or fleet checks.
+    when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges of
+    your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
+    every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class WSGIRateLimitMiddleware:
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
@@ -115,7 +119,7 @@ class WSGIRateLimitMiddleware:
         adm = Admission()
         extra: list[tuple[str, str]] = []
         try:
-            run(gate.admit(from_environ(environ), adm), self._execute)
+            run(gate.admit(from_environ(environ, self.trusted_proxies), adm), self._execute)
             rejection = adm.rejection
             extra = _latin1(adm.headers if rejection is None else rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
