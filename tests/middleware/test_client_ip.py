@@ -137,13 +137,17 @@ def test_trusted_proxies_set_once_apply_to_every_default_key(flavour: str) -> No
         statuses = []
         for i in range(25):  # each response kept open: its slot stays held
             started: list[str] = []
-            body = wsgi(_environ("10.1.2.3", f"198.51.100.{i}"), lambda s, h: started.append(s))
+            body = wsgi(_environ("10.1.2.3", f"198.51.100.{i}"), _recorder(started))
             held.append(body)
             statuses.append(int(started[0][:3]))
     assert statuses == [200] * 25
     assert store.count_leases("concurrent:198.51.100.0", 0) in (0, 1)
     for body in held:
         body.close()  # type: ignore[attr-defined]  # the middleware's iterable has close()
+
+
+def _recorder(into: list[str]) -> Any:
+    return lambda status, headers: into.append(status)
 
 
 def _wsgi_ok(environ: Any, start_response: Any) -> list[bytes]:

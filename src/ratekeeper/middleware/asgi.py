@@ -63,9 +63,9 @@ class RateLimitMiddleware:
     """ASGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be an ``AsyncStore``, and an
-    ``AsyncLeaseStore`` too when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges of
-    your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
-    every check — applies to ``X-Forwarded-For``.
+    ``AsyncLeaseStore`` too when there are concurrency or fleet checks. ``trusted_proxies``
+    (addresses or CIDR ranges of your load balancers, set once) is what every
+    ``keys.client_ip()`` — the default key of every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(

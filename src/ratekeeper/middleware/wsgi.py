@@ -65,8 +65,8 @@ class WSGIRateLimitMiddleware:
     """WSGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be a ``Store``, and a ``LeaseStore`` too
-    when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges of
-    your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
+    when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges
+    of your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
     every check — applies to ``X-Forwarded-For``.
     """
 
