@@ -221,7 +221,7 @@ def test_memory_sweep_drops_leases_never_released() -> None:
 def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None:
     client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.2)
     clock = ManualClock()
-    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock)
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock, monotonic=clock)
     held = limiter.acquire("k")
     assert held is not None and not held.degraded
     fresh_redis.pause()
@@ -316,7 +316,7 @@ def test_concurrent_failures_do_not_jump_the_cool_down(fresh_redis: rs.RedisServ
     """Ten acquires in flight when Redis hangs all fail; the breaker opens once for 0.5 s."""
     client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.3)
     clock = ManualClock()
-    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock)
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock, monotonic=clock)
     assert limiter.acquire("warm") is not None  # connections are made before the pause
     barrier = threading.Barrier(10)
 
