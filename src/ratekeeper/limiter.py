@@ -42,7 +42,7 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncStore, LocalStore, Partitioned, Store
+from .stores.base import AsyncPingable, AsyncStore, LocalStore, Partitioned, Pingable, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -263,6 +263,13 @@ class Limiter(_Base):
         self.store = store
         self._core.watch(store)
 
+    def check(self) -> None:
+        """Check the store answers — at startup: building a Redis store connects to nothing,
+        so a wrong address would otherwise only show as degraded decisions. Raises
+        ``StoreUnavailable`` naming the store's address (never its password)."""
+        if isinstance(self.store, Pingable):
+            self.store.ping()
+
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
         breaker = core.only or core.breaker(plan)
@@ -352,6 +359,11 @@ class AsyncLimiter(_Base):
             )
         self.store = store
         self._core.watch(store)
+
+    async def check(self) -> None:
+        """See ``Limiter.check``."""
+        if isinstance(self.store, AsyncPingable):
+            await self.store.ping_async()
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core

@@ -87,6 +87,7 @@ class RateLimitMiddleware:
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
         self.limiter = AsyncLimiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
             self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder

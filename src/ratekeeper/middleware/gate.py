@@ -12,6 +12,8 @@ Rules:
   and never adds headers;
 - any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+  the first store failure of the process is logged at ERROR, naming the store's address
+  (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
@@ -32,7 +34,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..shedding import WorkerUtilizationShedder
 from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
@@ -143,6 +145,9 @@ class Gate:
         }
         self._last_log = -1e18
         self._unlogged = 0
+        self.store_label = "(the store)"
+        """How the first store failure's ERROR names the store: the middleware sets its repr."""
+        self._store_reported = False
 
     def admit(self, request: RequestInfo, adm: Admission) -> Flow:
         """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
@@ -277,6 +282,15 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.controls.count(name, "failed_open")
+        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+            self._store_reported = True
+            log.error(
+                "ratekeeper check %r: store %s does not answer (%s); requests go through "
+                "unchecked (fail open) until it does, later failures are logged as warnings",
+                name,
+                self.store_label,
+                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+            )
         if isinstance(exc, _Degraded):
             return
         self._unlogged += 1

@@ -89,6 +89,7 @@ class WSGIRateLimitMiddleware:
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
         self.limiter = Limiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
             self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder

@@ -34,6 +34,18 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "--grpc-port", type=_port, default=8081, help="gRPC port for Envoy's RLS API (0: any free)"
     )
     parser.add_argument("--no-grpc", action="store_true", help="do not start the gRPC listener")
+    parser.add_argument(
+        "--store-wait",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long at startup for the store to answer, then exit 2 (default 5)",
+    )
+    parser.add_argument(
+        "--start-degraded",
+        action="store_true",
+        help="serve even if the store does not answer: fail open, /healthz 503 until it does",
+    )
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -50,7 +62,12 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 2
     options = ServeOptions(
-        tuple(args.config), args.host, args.port, None if args.no_grpc else args.grpc_port
+        tuple(args.config),
+        args.host,
+        args.port,
+        None if args.no_grpc else args.grpc_port,
+        args.store_wait,
+        args.start_degraded,
     )
     return serve(options)
 
@@ -59,3 +76,13 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"port {text!r} is invalid; expected 0 to 65535")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected seconds, 0 to 3600")
+    return value

@@ -1,6 +1,11 @@
 """Running the service: build the store, limiter and engine from a config, serve HTTP (uvicorn)
 and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/admin/reload``.
 
+At startup the store is pinged until it answers or ``store_wait`` seconds pass; then the
+service exits with a ``ConfigError`` naming the store's address (never its password), or,
+with ``start_degraded``, logs it at ERROR and serves anyway: decisions fail open and
+``/healthz`` answers 503 until the store does.
+
 A reload reads the config files again; if they are invalid the running config stays, the
 error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
 keeps the store (its counters) but not a change of store: that needs a restart, and a reload
@@ -25,11 +30,10 @@ import uvicorn
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
-from ..stores.base import AsyncStore
+from ..stores.base import AsyncPingable, AsyncStore
 from ..stores.cluster import RedisClusterStore
-from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
@@ -55,11 +59,15 @@ class ServeOptions:
     port: int = 8080
     grpc_port: int | None = 8081
     """None: no gRPC listener."""
+    store_wait: float = 5.0
+    """Seconds to wait at startup for the store to answer (0: one try)."""
+    start_degraded: bool = False
+    """Serve even if the store never answered (fail open, ``/healthz`` 503)."""
 
 
 def build_store(
     settings: config_mod.StoreSettings, metrics: Metrics
-) -> tuple[AsyncStore, AsyncLeaseStore]:
+) -> tuple[AsyncStore, InstrumentedLeases]:
     """The store a config asks for, instrumented (a single Redis is batched unless told not),
     and the same store's leases for concurrency policies (never batched)."""
     s = settings
@@ -126,6 +134,21 @@ class Service:
             self.metrics.policies.set(len(new.policies))
             log.warning("config reloaded from %s", ", ".join(new.files))
             return None
+
+    async def check_store(self) -> str | None:
+        """Ping the store until it answers or ``store_wait`` passes; None, or why not."""
+        store = self.leases.inner  # the store itself, under the metrics wrapper
+        if not isinstance(store, AsyncPingable):
+            return None
+        deadline = time.monotonic() + self.options.store_wait
+        while True:
+            try:
+                await store.ping_async()
+                return None
+            except StoreUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    return str(exc)
+            await asyncio.sleep(0.25)
 
     async def health(self) -> dict[str, Any]:
         """Store reachability (a real read-only call) and the limiter's failure counters."""
@@ -234,7 +257,16 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
 
     async def main() -> None:
-        await Service(options).run()
+        service = Service(options)
+        error = await service.check_store()
+        if error is not None:
+            if not options.start_degraded:
+                raise ConfigError(
+                    f"the store does not answer: {error}. Check store: in the config, or pass "
+                    "--start-degraded to serve anyway (decisions fail open, /healthz 503)"
+                )
+            log.error("the store does not answer (%s); serving degraded: fail open", error)
+        await service.run()
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -143,6 +143,12 @@ class MemoryStore:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
 
+    def ping(self) -> None:
+        """Always answers (in-process); here so every store can be checked the same way."""
+
+    async def ping_async(self) -> None:
+        """The same as ``ping``."""
+
     def acquire_lease(
         self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
     ) -> tuple[bool, int]:
