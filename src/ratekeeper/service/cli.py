@@ -46,6 +46,21 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="serve even if the store does not answer: fail open, /healthz 503 until it does",
     )
+    parser.add_argument(
+        "--header-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection that takes longer to send its request headers (default 10)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="most open HTTP connections; past it the longest-idle one is closed "
+        "(default: the file-descriptor limit less 64)",
+    )
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -68,6 +83,8 @@ def run_serve(args: argparse.Namespace) -> int:
         None if args.no_grpc else args.grpc_port,
         args.store_wait,
         args.start_degraded,
+        args.header_timeout,
+        args.max_connections,
     )
     return serve(options)
 
@@ -85,4 +102,17 @@ def _seconds(text: str) -> float:
         value = -1.0
     if not 0 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected seconds, 0 to 3600")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected a whole number >= 1")
+    return int(text)
+
+
+def _timeout(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected seconds > 0")
     return value

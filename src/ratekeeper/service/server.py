@@ -6,6 +6,11 @@ service exits with a ``ConfigError`` naming the store's address (never its passw
 with ``start_degraded``, logs it at ERROR and serves anyway: decisions fail open and
 ``/healthz`` answers 503 until the store does.
 
+Connections: HTTP connections must send a request's headers within ``header_timeout``
+seconds and at most ``max_connections`` are open (``connections``); gRPC connections are
+closed after 5 idle minutes and pinged when quiet so dead peers are dropped
+(``GRPC_OPTIONS``).
+
 A reload reads the config files again; if they are invalid the running config stays, the
 error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
 keeps the store (its counters) but not a change of store: that needs a restart, and a reload
@@ -40,6 +45,7 @@ from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
 from .batching import Batcher, RedisPipeline, ShardedBatcher
 from .cluster_batching import ClusterBatcher
+from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
@@ -63,6 +69,27 @@ class ServeOptions:
     """Seconds to wait at startup for the store to answer (0: one try)."""
     start_degraded: bool = False
     """Serve even if the store never answered (fail open, ``/healthz`` 503)."""
+    header_timeout: float = 10.0
+    """Seconds an HTTP connection may take to send a request's headers before it is closed."""
+    max_connections: int | None = None
+    """Most open HTTP connections (None: the file-descriptor limit less a reserve)."""
+
+
+GRPC_IDLE_MS = 300_000
+"""A gRPC connection without calls for 5 minutes is closed (Envoy reconnects on demand)."""
+GRPC_KEEPALIVE_MS = 60_000
+"""The server pings a connection quiet for a minute, and drops it if no answer comes in 20 s:
+a client that vanished without closing (a dead host) does not hold its connection forever."""
+
+
+GRPC_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_idle_ms", GRPC_IDLE_MS),
+    ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", 20_000),
+)
+"""gRPC server settings: no SO_REUSEPORT (a second service on the port must fail, not share
+it), idle close and keepalive (see the constants above)."""
 
 
 def build_store(
@@ -173,8 +200,7 @@ class Service:
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            # no SO_REUSEPORT: a second service on the same port must fail, not share it
-            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+            grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
             grpc_server.add_generic_rpc_handlers((handler(self.engine),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
@@ -190,7 +216,10 @@ class Service:
             host=opts.host,
             port=opts.port,
             loop="none",
-            http="httptools" if _has("httptools") else "h11",
+            http=guarded_protocol(
+                opts.header_timeout,
+                opts.max_connections or default_max_connections(),
+            ),
             lifespan="off",
             access_log=False,
             proxy_headers=False,  # client address and scheme are never used: skip the rewrite
@@ -242,14 +271,6 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
 
 
 def serve(options: ServeOptions) -> int:
