@@ -59,7 +59,7 @@ class _Core:
         breaker_threshold: int,
         breaker_cooldown: float,
         breaker_max_cooldown: float,
-        monotonic: Clock,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
