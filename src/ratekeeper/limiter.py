@@ -10,6 +10,10 @@ failures in a row the breaker opens and the store is not called for a cool-down 
 ``breaker_cooldown`` seconds and doubles on each failed trial up to ``breaker_max_cooldown``;
 the first call after the cool-down is the one trial, and its success closes the breaker (see
 ``breaker``). A ``Partitioned`` store (sharded Redis) gets one breaker per partition.
+
+Two clocks: ``clock`` (epoch seconds) decides limits; ``monotonic`` (``time.monotonic``) times
+the breaker's cool-downs and the failure log's interval, so a frozen or replayed rate clock
+never freezes recovery. Tests inject each separately.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncStore, LocalStore, Partitioned, Store
+from .stores.base import AsyncPingable, AsyncStore, LocalStore, Partitioned, Pingable, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -55,9 +59,13 @@ class _Core:
         breaker_threshold: int,
         breaker_cooldown: float,
         breaker_max_cooldown: float,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if not callable(monotonic):
+            raise ConfigError(f"monotonic={monotonic!r} is not callable; expected time.monotonic")
+        self.monotonic = monotonic
         self._breaker_settings = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._breakers: dict[int, Breaker] = {0: Breaker(*self._breaker_settings)}  # validates
         self.partition: Callable[[Plan], int] | None = None
@@ -184,7 +192,7 @@ class _Core:
 
     def admit(self, plan: Plan, breaker: Breaker) -> bool:
         """Whether ``plan`` may reach the store past an open ``breaker`` (counts the skips)."""
-        if breaker.allow(plan.now_ms / 1000):
+        if breaker.allow(self.monotonic()):
             return True
         self.counts["breaker_skips"] += 1
         return False
@@ -195,7 +203,7 @@ class _Core:
         """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy."""
         if exc is not None:
             self.counts["store_errors"] += 1
-            now = plan.now_ms / 1000
+            now = self.monotonic()
             if breaker is not None and breaker.failed(now):
                 self.counts["breaker_opened"] += 1
             if now - self._last_log >= 10.0:
@@ -264,9 +272,10 @@ class _Base:
         breaker_threshold: int = 3,
         breaker_cooldown: float = 0.5,
         breaker_max_cooldown: float = 30.0,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self._core = _Core(
-            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown
+            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown, monotonic
         )
 
     @property
@@ -300,6 +309,13 @@ class Limiter(_Base):
             raise ConfigError(f"store {store!r} cannot be used by Limiter; it has no execute()")
         self.store = store
         self._core.watch(store)
+
+    def check(self) -> None:
+        """Check the store answers — at startup: building a Redis store connects to nothing,
+        so a wrong address would otherwise only show as degraded decisions. Raises
+        ``StoreUnavailable`` naming the store's address (never its password)."""
+        if isinstance(self.store, Pingable):
+            self.store.ping()
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
@@ -428,6 +444,11 @@ class AsyncLimiter(_Base):
             )
         self.store = store
         self._core.watch(store)
+
+    async def check(self) -> None:
+        """See ``Limiter.check``."""
+        if isinstance(self.store, AsyncPingable):
+            await self.store.ping_async()
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core

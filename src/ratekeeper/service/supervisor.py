@@ -94,6 +94,11 @@ class Supervisor:
         args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--host", o.host]
         args += ["--port", str(self.port), "--worker-index", str(index)]
         args += ["--metrics-dir", self.metrics_dir, "--watch-interval", str(o.watch_interval)]
+        args += ["--store-wait", str(o.store_wait), "--header-timeout", str(o.header_timeout)]
+        if o.start_degraded:
+            args.append("--start-degraded")
+        if o.max_connections is not None:
+            args += ["--max-connections", str(o.max_connections)]
         args += ["--no-grpc"] if self.grpc_port is None else ["--grpc-port", str(self.grpc_port)]
         for path in o.config_files:
             args += ["--config", path]
