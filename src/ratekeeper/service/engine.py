@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, Lease
@@ -46,9 +46,9 @@ UNLIMITED_REMAINING = 2**32 - 1
 S = TypeVar("S", PolicySpec, ConcurrencySpec)
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    """A decision as the service reports it."""
+class Result(NamedTuple):
+    """A decision as the service reports it (a named tuple: one is built per decision, and a
+    frozen dataclass costs several times more to build)."""
 
     decision: Decision
     policy: str
@@ -337,8 +337,9 @@ class Engine:
             decision = _fixed(spec, self.clock(), allowed=not spec.block)
             metrics.decision(label, "disabled" if not spec.block else "rejected")
             return Result(decision, spec.name)
-        now_ms = int(self.clock() * 1000)
-        cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
+        cached = None
+        if self.cache._entries and self.config.local_cache:  # a dict: empty is the usual case
+            cached = self.cache.get(spec.name, key, cost, int(self.clock() * 1000))
         if cached is not None:
             metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected")
             if spec.shadow:

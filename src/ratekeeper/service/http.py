@@ -34,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..decision import HEADER_NAMES
 from ..errors import BadRequest
 from .engine import Engine, LeaseResult, Result, store_key
 
@@ -52,14 +53,8 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
-_HEADER_NAMES = {
-    name: name.lower().encode()
-    for name in (
-        "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Used",
-        "RateLimit-Policy", "RateLimit", "Retry-After",
-    )
-}  # fmt: skip
-"""Header names of a decision, encoded once (the server sends names in lower case anyway)."""
+_HEADER_NAMES = tuple(name.lower().encode() for name in HEADER_NAMES)
+"""``Decision.header_values``' names, encoded once (servers send names in lower case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +138,8 @@ class HttpApi:
         method: str = scope["method"]
         try:
             if path in _DECIDE and method == "POST":  # the hot routes, without the router
-                if self._guarded:
+                auth = self.engine.config.auth
+                if auth.token or auth.admin_token:
                     self._authorize(scope, False)
                 req = _object(await _body(scope, receive), _DECIDE_FIELDS)
                 status, body, headers = await self._decide(_DECIDE[path], req)
@@ -227,11 +223,6 @@ class HttpApi:
         fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
         req = _object(await _body(scope, receive), fields)
         return await self._decide(op, req)
-
-    @property
-    def _guarded(self) -> bool:
-        auth = self.engine.config.auth
-        return bool(auth.token or auth.admin_token)
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
         engine = self.engine
@@ -329,10 +320,8 @@ def _same(given: bytes, expected: str) -> bool:
 
 def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:
     """A decision's headers (``Decision.headers``) as the server sends them."""
-    names = _HEADER_NAMES
-    return [
-        (names[k], v.encode("latin-1")) for k, v in result.decision.headers(result.policy).items()
-    ]
+    values = result.decision.header_values(result.policy)
+    return [(n, v.encode("latin-1")) for n, v in zip(_HEADER_NAMES, values, strict=False)]
 
 
 def _result_json(result: Result) -> dict[str, Any]:
