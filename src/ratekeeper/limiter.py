@@ -355,6 +355,11 @@ class Limiter(_Base):
         assert decision is not None  # hit and peek always produce a decision
         return decision
 
+    def decide_local(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision | None:
+        """``decide`` when an in-process store answers it at once (a cached one-rate hit on
+        the memory store), else None: callers on a hot path skip a coroutine."""
+        return self._core.policy_hit(key, policy, cost) if op == "hit" else None
+
     def decide(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision:
         """``hit`` or ``peek`` (``op``) under a policy made once by ``make_policy`` (a service's
         configured policies): the same decision, without parsing rates or a cache lookup."""
@@ -487,6 +492,11 @@ class AsyncLimiter(_Base):
             )
         assert decision is not None
         return decision
+
+    def decide_local(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision | None:
+        """``decide`` when an in-process store answers it at once (a cached one-rate hit on
+        the memory store), else None: callers on a hot path skip a coroutine."""
+        return self._core.policy_hit(key, policy, cost) if op == "hit" else None
 
     async def decide(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision:
         """``hit`` or ``peek`` (``op``) under a policy made once by ``make_policy`` (a service's

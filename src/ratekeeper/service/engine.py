@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NamedTuple, TypeVar
 
 from ..clock import Clock
@@ -39,6 +40,7 @@ from ..concurrency import AsyncConcurrencyLimiter, Lease
 from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
+from ..plan import Op
 from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
@@ -56,6 +58,10 @@ class Result(NamedTuple):
     """A shadow policy would have rejected this request (it was answered allowed)."""
     local: bool = False
     """Answered by the over-limit cache without asking the store."""
+
+
+_result = partial(tuple.__new__, Result)
+"""``Result(*fields)`` without the named tuple's Python ``__new__`` (the hot path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,12 +351,18 @@ class Engine:
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
-        decision = await self.limiter.decide(op, stored, spec.policy, cost)  # type: ignore[arg-type]
+        kind: Op = "hit" if op == "hit" else "peek"
+        local = self.limiter.decide_local(kind, stored, spec.policy, cost)
+        decision = (
+            await self.limiter.decide(kind, stored, spec.policy, cost) if local is None else local
+        )
+        if decision.allowed and not decision.degraded:  # the common answer, without calls
+            counts = metrics.decisions.counts
+            k = (label, "allowed")
+            counts[k] = counts.get(k, 0) + 1
+            return _result((decision, spec.name, False, False))
         if decision.degraded:
             metrics.decision(label, "degraded")
-            return Result(decision, spec.name)
-        if decision.allowed:
-            metrics.decision(label, "allowed")
             return Result(decision, spec.name)
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)

@@ -141,7 +141,11 @@ class HttpApi:
                 auth = self.engine.config.auth
                 if auth.token or auth.admin_token:
                     self._authorize(scope, False)
-                req = _object(await _body(scope, receive), _DECIDE_FIELDS)
+                message = await receive()  # _body's common case, inlined
+                body = message.get("body", b"")
+                if message.get("more_body", False) or message["type"] != "http.request":
+                    body = await _rest(scope, receive, message)
+                req = _object(body, _DECIDE_FIELDS)
                 status, body, headers = await self._decide(_DECIDE[path], req)
             else:
                 status, body, headers = await self._route(scope, receive, path, method)
@@ -320,8 +324,8 @@ def _same(given: bytes, expected: str) -> bool:
 
 def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:
     """A decision's headers (``Decision.headers``) as the server sends them."""
-    values = result.decision.header_values(result.policy)
-    return [(n, v.encode("latin-1")) for n, v in zip(_HEADER_NAMES, values, strict=False)]
+    values = result.decision.header_values(result.policy)  # ASCII: names are escaped
+    return list(zip(_HEADER_NAMES, map(str.encode, values), strict=False))
 
 
 def _result_json(result: Result) -> dict[str, Any]:
@@ -426,6 +430,8 @@ async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
 
 
 def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
+    if len(raw) > MAX_BODY:
+        raise BadRequest("body", f"body is {len(raw)} bytes; the limit is {MAX_BODY}", 413)
     if not raw.strip():
         raise BadRequest("body", "the body is empty; expected a JSON object")
     try:

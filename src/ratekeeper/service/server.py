@@ -112,7 +112,7 @@ GRPC_OPTIONS = (
 it), idle close and keepalive (see the constants above)."""
 
 
-def _grpc_options(shared: bool) -> tuple[tuple[str, int], ...]:
+def grpc_options(shared: bool) -> tuple[tuple[str, int], ...]:
     """``GRPC_OPTIONS``, with SO_REUSEPORT for a worker (its supervisor holds the port)."""
     if not shared:
         return GRPC_OPTIONS
@@ -235,7 +235,7 @@ class Service:
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            grpc_server = grpc.aio.server(options=_grpc_options(shared))
+            grpc_server = grpc.aio.server(options=grpc_options(shared))
             grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
@@ -246,20 +246,7 @@ class Service:
                     f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
                 ) from None
             await grpc_server.start()
-        uv_config = uvicorn.Config(
-            self.api,
-            host=opts.host,
-            port=opts.port,
-            loop="none",
-            http=guarded_protocol(
-                opts.header_timeout,
-                opts.max_connections or default_max_connections(),
-            ),
-            lifespan="off",
-            access_log=False,
-            proxy_headers=False,  # client address and scheme are never used: skip the rewrite
-            log_level="warning",
-        )
+        uv_config = uvicorn_config(self.api, opts)
         server = uvicorn.Server(uv_config)
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
@@ -303,6 +290,23 @@ class Service:
             if os.getppid() != parent:
                 log.error("the supervisor is gone; worker %s stops", self.options.worker)
                 signal.raise_signal(signal.SIGTERM)
+
+
+def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
+    """The HTTP server's settings (also the benchmark's empty-route ceiling's)."""
+    return uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        loop="none",
+        http=guarded_protocol(
+            options.header_timeout, options.max_connections or default_max_connections()
+        ),
+        lifespan="off",
+        access_log=False,
+        proxy_headers=False,  # client address and scheme are never used: skip the rewrite
+        log_level="warning",
+    )
 
 
 def _warn(config: config_mod.ServiceConfig) -> None:
