@@ -36,7 +36,7 @@ from typing import Any
 
 from ..decision import HEADER_NAMES
 from ..errors import BadRequest
-from .engine import Engine, LeaseResult, Result, store_key
+from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -238,14 +238,18 @@ class HttpApi:
             spec = engine.spec(name)
         if "key" not in req:
             raise BadRequest("key", "key is missing; expected a non-empty string")
-        key = engine.check_key(req["key"])
+        key = req["key"]
+        limit = engine.config.max_key_length
+        if type(key) is not str or not key.isascii() or not 0 < len(key) <= limit:
+            key = engine.check_key(key)  # the checks with their messages
         cost = req.get("cost", 1)
         if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
             cost = int(cost)
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
         if op == "hit" or op == "peek":
-            result = await engine.decide(op, spec, key, cost, store_key(spec.name, key))
+            stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
+            result = await engine.decide(op, spec, key, cost, stored)
             return 200, _result_body(result), _decision_headers(result)
         if op == "refund":
             await engine.refund(spec, key, cost)
@@ -430,14 +434,18 @@ async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
 
 
 def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
-    if len(raw) > MAX_BODY:
-        raise BadRequest("body", f"body is {len(raw)} bytes; the limit is {MAX_BODY}", 413)
-    if not raw.strip():
-        raise BadRequest("body", "the body is empty; expected a JSON object")
-    try:
-        value = _loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
+    """The body as a JSON object of known fields, or ``BadRequest`` saying what is wrong."""
+    value: Any = None
+    if raw[:1] == b"{" and raw[-1:] == b"}" and len(raw) <= MAX_BODY:
+        try:  # a UTF-8 object, read by the C scanner (json.loads builds a decoder per call)
+            text = raw.decode()
+            value, end = _SCAN(text, 0)
+            if end != len(text):
+                value = None
+        except (ValueError, StopIteration, RecursionError):
+            value = None
+    if value is None:  # anything else through json.loads, so its messages stay the same
+        value = _slow_object(raw)
     if not isinstance(value, dict):
         raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
     for name in value:
@@ -448,6 +456,17 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
     return value
 
 
+def _slow_object(raw: bytes) -> Any:
+    if len(raw) > MAX_BODY:
+        raise BadRequest("body", f"body is {len(raw)} bytes; the limit is {MAX_BODY}", 413)
+    if not raw.strip():
+        raise BadRequest("body", "the body is empty; expected a JSON object")
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -455,22 +474,6 @@ def _no_constant(name: str) -> None:
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(
     parse_constant=_no_constant
 ).scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, missing in typeshed
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads(raw, parse_constant=_no_constant)``; a UTF-8 object is read by the C
-    scanner directly (json.loads would build a decoder per call). Anything else, errors
-    included, goes through ``json.loads`` so its messages stay the same."""
-    if raw[:1] == b"{" and raw[-1:] == b"}":
-        try:
-            text = raw.decode()
-            value, end = _SCAN(text, 0)
-        except (ValueError, StopIteration, RecursionError):
-            pass
-        else:
-            if end == len(text):
-                return value
-    return json.loads(raw, parse_constant=_no_constant)
 
 
 def _optional_bool(req: dict[str, Any], name: str) -> bool | None:
