@@ -32,22 +32,18 @@ import yaml
 
 from ..errors import ConfigError, RateSpecError
 from ..plan import Policy, make_policy
-from ..rates import Rate
+from ..rates import UNIT_MS, Rate
 from .yaml_lines import Loader, Map, Problem, Seq
 
 EXAMPLE = Path(__file__).with_name("example.yaml")
 """The built-in example policy file used by ``ratekeeper serve`` without ``--config``."""
 
 ENVOY_UNITS = {
-    "second": 1,
-    "minute": 60,
-    "hour": 3600,
-    "day": 86400,
-    "week": 7 * 86400,
-    "month": 30 * 86400,
-    "year": 365 * 86400,
+    name: UNIT_MS[name] // 1000
+    for name in ("second", "minute", "hour", "day", "week", "month", "year")
 }
-"""Envoy's units in seconds; a month is 30 days and a year 365, as envoyproxy/ratelimit counts."""
+"""Envoy's units in seconds, from the library's rate grammar (``rates.UNIT_MS``): a month is
+30 days and a year 365, as envoyproxy/ratelimit counts."""
 DEFAULT_MAX_KEY_LENGTH = 512
 MAX_KEY_LENGTH_LIMIT = 65_536
 
