@@ -21,7 +21,7 @@ from ..limiter import AsyncLimiter
 from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
+from .checks import ChargeWhen, Check, Controls
 from .gate import Admission, Gate, Op, run_async, split_checks
 from .request import PriorityFunc, from_scope
 
@@ -63,11 +63,14 @@ class RateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
     ) -> None:
         self.app = app
         self.store: AsyncStore = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
+        )
         self.controls = self.gate.controls
         self.limiter = AsyncLimiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
@@ -81,7 +84,7 @@ class RateLimitMiddleware:
             call = self.limiter.hit if kind == "hit" else self.limiter.refund
             return await call(
                 op.key,
-                c.rate,
+                op.rate,
                 algorithm=c.algorithm,
                 cost=op.cost,
                 burst=c.burst,

@@ -15,7 +15,11 @@ Rules:
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
-- a response whose status is in ``refund_statuses`` (default: 304) is refunded.
+- a charge stays only if the check's ``charge_when`` (else the gate's) says so for the
+  response's status; by default every status but those in ``refund_statuses`` (304) is charged;
+- the checks given to the constructor run for every request; checks registered later with
+  ``add`` (a framework's per-route limits) run only where a caller names their positions, in
+  the same admission, so one request has one set of headers and one rule for giving back.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError
 from ..shedding import WorkerUtilizationShedder
-from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
+from .checks import (
+    ChargeWhen,
+    Check,
+    ConcurrencyCheck,
+    Controls,
+    FleetCheck,
+    RateCheck,
+    WorkerCheck,
+)
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
@@ -48,7 +60,11 @@ Kind = Literal["hit", "refund", "acquire", "admit", "release"]
 
 
 class Op(NamedTuple):
-    """One store operation for the check at ``position`` (a tuple: built on every request)."""
+    """One store operation for the check at ``position`` (a tuple: built on every request).
+
+    ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
+    gave for this request); the refund of that hit carries it too.
+    """
 
     kind: Kind
     position: int
@@ -56,6 +72,7 @@ class Op(NamedTuple):
     cost: int = 1
     critical: bool = False
     lease: Lease | None = None
+    rate: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +90,7 @@ class Admission:
     def __init__(self) -> None:
         self.tier: str | None = None
         self.best: tuple[str, Decision] | None = None
-        self.charged: list[tuple[int, str, int]] = []
+        self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
         self.headers: Headers = ()
         self.rejection: Rejection | None = None
@@ -100,45 +117,78 @@ class Gate:
         refund_statuses: Iterable[int],
         clock: Clock,
         log_interval: float,
+        charge_when: ChargeWhen | None = None,
     ) -> None:
         if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
             checks = [checks]
-        self.checks: tuple[Check, ...] = tuple(checks)
-        for c in self.checks:
-            if not isinstance(c, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
-                raise ConfigError(
-                    f"check {c!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                    "FleetCheck or WorkerCheck"
-                )
-        names = [c.name for c in self.checks]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        checks = list(checks)
+        names = [getattr(c, "name", None) for c in checks]
+        dupes = sorted({n for n in names if names.count(n) > 1 and isinstance(n, str)})
         if dupes:
             raise ConfigError(f"check names {dupes} are used twice; each check needs its own")
+        self.checks: list[Check] = []
+        """Every check by position; grows (``add``), so executors look positions up here."""
         self.controls = Controls(clock=clock) if controls is None else controls
         self.exempt = PathMatcher(exempt)
         self.priority = priorities() if priority is None else priority
         self.refund_statuses = frozenset(refund_statuses)
+        if charge_when is not None and not callable(charge_when):
+            raise ConfigError(
+                f"charge_when={charge_when!r} is invalid; expected a function of the response "
+                "status returning True to charge"
+            )
+        self.charge_when = charge_when
         self.clock = clock
         self.log_interval = log_interval
         self.in_flight = 0
         self._lock = threading.Lock()
-        self._shedders = {
-            i: c.shedder or WorkerUtilizationShedder(clock=clock)
-            for i, c in enumerate(self.checks)
-            if isinstance(c, WorkerCheck)
-        }
+        self._shedders: dict[int, WorkerUtilizationShedder] = {}
+        for c in checks:
+            self.add(c)
+        self.every: tuple[int, ...] = tuple(range(len(self.checks)))
+        """The positions walked for every request: the checks given to the constructor."""
         self._last_log = -1e18
         self._unlogged = 0
 
-    def admit(self, request: RequestInfo, adm: Admission) -> Flow:
-        """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
+    def add(self, check: Check) -> int:
+        """Register ``check`` and return its position; the same check again keeps its position
+        (a limit shared by several routes), another check under a name in use is an error."""
+        if not isinstance(check, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+            raise ConfigError(
+                f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
+                "FleetCheck or WorkerCheck"
+            )
+        with self._lock:
+            for position, known in enumerate(self.checks):
+                if known.name == check.name:
+                    if known == check:
+                        return position
+                    raise ConfigError(
+                        f"check name {check.name!r} is used twice with different settings; "
+                        "each check needs its own name"
+                    )
+            if isinstance(check, WorkerCheck):
+                shedder = check.shedder or WorkerUtilizationShedder(clock=self.clock)
+                self._shedders[len(self.checks)] = shedder
+            self.checks.append(check)
+            return len(self.checks) - 1
+
+    def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Flow:
+        """Walk the checks at ``positions`` (default: ``every``) for one request, filling
+        ``adm``; called again on the same admission (a route's limits after the app-wide
+        checks), it goes on where the first walk left off (see the module docstring)."""
         if self.exempt and self.exempt(request.path):
             return
-        adm.entered = True
-        with self._lock:
-            self.in_flight += 1
+        if not adm.entered:
+            adm.entered = True
+            with self._lock:
+                self.in_flight += 1
         controls = self.controls
-        for index, check in enumerate(self.checks):
+        checks = self.checks
+        for index in self.every if positions is None else positions:
+            check = checks[index]
             name = check.name
             mode = controls.mode(name)
             if mode == "off":
@@ -178,13 +228,16 @@ class Gate:
                 return self._keep(adm, index, lease) or concurrency_rejection(
                     check.name, check.capacity
                 )
-            cost = check.cost_of(request)
-            decision: Decision = _unwrap((yield Op("hit", index, key, cost)))
+            rate = check.rate_of(request)
+            if rate is None:
+                return False
+            op = Op("hit", index, key, check.cost_of(request), rate=rate)
+            decision: Decision = _unwrap((yield op))
             if decision.degraded:
                 raise _Degraded
             if not decision.allowed:
                 return rate_rejection(check.name, decision)
-            adm.charged.append((index, key, cost))
+            adm.charged.append(op)
             if mode == "enforce" and (
                 adm.best is None or decision.remaining < adm.best[1].remaining
             ):
@@ -232,13 +285,28 @@ class Gate:
             with self._lock:
                 self.in_flight -= 1
         ops = []
-        if adm.charged and (
-            adm.rejection is not None or (status is not None and status in self.refund_statuses)
-        ):
-            ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
+        if adm.charged:
+            if adm.rejection is not None:
+                ops = [op._replace(kind="refund") for op in adm.charged]
+            elif status is not None:
+                ops = [
+                    op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
+                ]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def _keeps(self, op: Op, status: int) -> bool:
+        """Whether the charge ``op`` stands for a response with ``status``."""
+        check = self.checks[op.position]
+        predicate = getattr(check, "charge_when", None) or self.charge_when
+        if predicate is None:
+            return status not in self.refund_statuses
+        try:
+            return bool(predicate(status))
+        except Exception as exc:  # the response is sent: keep the charge, say why once
+            self.failed_open(check.name, exc, count=False)
+            return True
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
@@ -302,6 +370,18 @@ _Lease = TypeVar("_Lease")
 _Fleet = TypeVar("_Fleet")
 
 
+class _ByPosition(dict[int, Any]):
+    """Live objects per check position, built on first use (checks can be added later)."""
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, position: int) -> Any:
+        value = self[position] = self._build(position)
+        return value
+
+
 def split_checks(
     checks: Sequence[Check],
     store: Any,
@@ -312,18 +392,36 @@ def split_checks(
     """Index checks by position: rate configs, and one limiter per lease-based check, built on
     ``store`` (also a lease store when such checks exist; the limiters check that).
 
-    The ASGI and WSGI middleware pass their async or sync classes, whose constructors match.
+    ``checks`` is the gate's live list: the maps look a position up there on first use, so a
+    check added after the middleware was built works too. The checks present now are built at
+    once, so a store that cannot hold leases fails at startup. The ASGI and WSGI middleware
+    pass their async or sync classes, whose constructors match.
     """
-    rates: dict[int, RateCheck] = {}
-    leases: dict[int, _Lease] = {}
-    fleets: dict[int, _Fleet] = {}
-    for i, c in enumerate(checks):
-        if isinstance(c, RateCheck):
-            rates[i] = c
-        elif isinstance(c, ConcurrencyCheck):
-            leases[i] = lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+
+    def rate(position: int) -> RateCheck:
+        c = checks[position]
+        if not isinstance(c, RateCheck):
+            raise KeyError(position)
+        return c
+
+    def lease(position: int) -> _Lease:
+        c = checks[position]
+        if not isinstance(c, ConcurrencyCheck):
+            raise KeyError(position)
+        return lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+
+    def fleet(position: int) -> _Fleet:
+        c = checks[position]
+        if not isinstance(c, FleetCheck):
+            raise KeyError(position)
+        return fleet_class(
+            store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
+        )
+
+    rates, leases, fleets = _ByPosition(rate), _ByPosition(lease), _ByPosition(fleet)
+    for i, c in enumerate(checks):  # now: a store that cannot hold leases fails at startup
+        if isinstance(c, ConcurrencyCheck):
+            leases[i] = lease(i)
         elif isinstance(c, FleetCheck):
-            fleets[i] = fleet_class(
-                store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
-            )
+            fleets[i] = fleet(i)
     return rates, leases, fleets

@@ -19,7 +19,7 @@ from ..limiter import Limiter
 from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
+from .checks import ChargeWhen, Check, Controls
 from .gate import Admission, Gate, Op, run, split_checks
 from .request import PriorityFunc, from_environ
 
@@ -66,11 +66,14 @@ class WSGIRateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
     ) -> None:
         self.app = app
         self.store: Store = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
+        )
         self.controls = self.gate.controls
         self.limiter = Limiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
@@ -84,7 +87,7 @@ class WSGIRateLimitMiddleware:
             call = self.limiter.hit if kind == "hit" else self.limiter.refund
             return call(
                 op.key,
-                c.rate,
+                op.rate,
                 algorithm=c.algorithm,
                 cost=op.cost,
                 burst=c.burst,
