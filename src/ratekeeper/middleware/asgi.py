@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ..clock import Clock
@@ -22,8 +22,9 @@ from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import Admission, Gate, Op, run_async, split_checks
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers, run_async, split_checks
 from .request import PriorityFunc, from_scope
+from .responses import Rejection
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -102,9 +103,10 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         gate = self.gate
-        adm = Admission()
+        request = from_scope(scope)
+        adm = scope[SCOPE_KEY] = Admission(request)
         try:
-            await run_async(gate.admit(from_scope(scope), adm), self._execute)
+            await run_async(gate.admit(request, adm), self._execute)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
         rejection = adm.rejection
@@ -118,21 +120,34 @@ class RateLimitMiddleware:
         if not adm.entered:  # exempt
             await self.app(scope, receive, send)
             return
-        extra = _encode(adm.headers)
         status: int | None = None
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                # read now: a route's limits may have joined the admission after routing
+                extra = added_headers(adm)
                 if extra:
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                    message = {**message, "headers": [*message.get("headers", ()), *_encode(extra)]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
             await self._finish(adm, status)
+
+    async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or adm.rejection is not None or not positions:
+            return adm.rejection
+        try:
+            await run_async(self.gate.admit(adm.request, adm, positions), self._execute)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        return adm.rejection
 
     async def _finish(self, adm: Admission, status: int | None) -> None:
         ops = self.gate.finish(adm, status)

@@ -82,12 +82,28 @@ class Failure:
     exc: Exception
 
 
+SCOPE_KEY = "ratekeeper.admission"
+"""Where the middleware leaves a request's ``Admission`` (ASGI scope, WSGI environ), for a
+framework integration to walk a route's checks into after routing."""
+
+
 class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
-    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
+    __slots__ = (
+        "best",
+        "charged",
+        "done",
+        "entered",
+        "headers",
+        "leases",
+        "rejection",
+        "request",
+        "tier",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, request: RequestInfo | None = None) -> None:
+        self.request = request
         self.tier: str | None = None
         self.best: tuple[str, Decision] | None = None
         self.charged: list[Op] = []
@@ -96,6 +112,19 @@ class Admission:
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+
+
+_BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
+
+
+def added_headers(adm: Admission) -> Headers:
+    """The headers a middleware adds to the app's response: the admission's; or, when a route's
+    limit rejected the request and the app answered it (a framework's error handler shapes the
+    429), the rejection's rate-limit headers, so every 429 carries them whoever wrote it."""
+    rejection = adm.rejection
+    if rejection is None:
+        return adm.headers
+    return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
 
 
 class _Degraded(Exception):

@@ -10,7 +10,7 @@ refunded when the server calls ``close()`` — after a streamed body, or when th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..clock import Clock
@@ -20,8 +20,9 @@ from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import Admission, Gate, Op, run, split_checks
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers, run, split_checks
 from .request import PriorityFunc, from_environ
+from .responses import Rejection
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -102,9 +103,10 @@ class WSGIRateLimitMiddleware:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
-        adm = Admission()
+        request = from_environ(environ)
+        adm = environ[SCOPE_KEY] = Admission(request)
         try:
-            run(gate.admit(from_environ(environ), adm), self._execute)
+            run(gate.admit(request, adm), self._execute)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
         rejection = adm.rejection
@@ -114,7 +116,6 @@ class WSGIRateLimitMiddleware:
             return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else rejection.body]
         if not adm.entered:  # exempt
             return self.app(environ, start_response)
-        extra = list(adm.headers)
         status: list[int | None] = [None]
 
         def start_with_headers(line: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
@@ -122,7 +123,11 @@ class WSGIRateLimitMiddleware:
                 status[0] = int(line[:3])
             except ValueError:
                 status[0] = None
-            return start_response(line, [*headers, *extra] if extra else headers, *exc_info)
+            # read now: a route's limits may have joined the admission after routing
+            extra = added_headers(adm)
+            if extra:
+                headers = [*headers, *extra]
+            return start_response(line, headers, *exc_info)
 
         try:
             result = self.app(environ, start_with_headers)
@@ -130,6 +135,18 @@ class WSGIRateLimitMiddleware:
             self._finish(adm, None)
             raise
         return _Finishing(result, lambda: self._finish(adm, status[0]))
+
+    def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or adm.rejection is not None or not positions:
+            return adm.rejection
+        try:
+            run(self.gate.admit(adm.request, adm, positions), self._execute)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        return adm.rejection
 
     def _finish(self, adm: Admission, status: int | None) -> None:
         gate = self.gate

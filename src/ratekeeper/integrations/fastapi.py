@@ -1,0 +1,259 @@
+"""FastAPI: per-route limits as a decorator or a dependency, default limits, exemptions, and the
+429 shaped by an exception handler — over the ASGI middleware's gate.
+
+    limits = RouteLimits(default="100/minute")
+    app = FastAPI()
+    limits.init_app(app)
+
+    @app.get("/search")
+    @limits.limit("10/minute", cost=2)
+    async def search(q: str) -> dict[str, str]: ...
+
+How it fits together: ``init_app`` adds ``RateLimitMiddleware`` (headers on every response,
+refunds and releases when the response is done, the app-wide ``checks``) and makes the
+``RouteLimits`` object a dependency of every route of the app. After routing, that dependency
+walks the route's own limits and the default limits into the request's admission; a rejection
+raises ``RateLimited``, answered by an exception handler (``on_breach``, or one of your own).
+``@limit``, ``shared_limit`` and ``exempt`` only mark the endpoint function; ``dependency()``
+is a limit of its own, for a route's ``dependencies=`` or a whole ``APIRouter``.
+
+Plain Starlette apps have no dependencies: use ``RateLimitMiddleware`` with ``routes=``.
+"""
+
+import inspect
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..clock import Clock
+from ..errors import ConfigError
+from ..middleware.asgi import ASGIApp, RateLimitMiddleware
+from ..middleware.checks import ChargeWhen, Check, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.gate import SCOPE_KEY, Admission
+from ..middleware.request import KeyFunc, PriorityFunc, client_ip
+from ..middleware.responses import Rejection
+from .routes import Limit, Routes, RouteTable, as_limits
+
+F = TypeVar("F", bound=Callable[..., Any])
+OnBreach = Callable[[Request, Rejection], Response | Awaitable[Response]]
+
+
+class RateLimited(HTTPException):
+    """Raised by a route's limits; ``rejection`` holds the status, headers and JSON body."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.status, rejection.body.decode())
+        self.rejection = rejection
+
+
+def rejection_response(rejection: Rejection) -> Response:
+    """The default answer: the rejection's status and JSON body. Whatever answers a rejection,
+    the middleware adds its rate-limit headers (``Retry-After``, ``X-RateLimit-*``)."""
+    return Response(rejection.body, rejection.status, media_type="application/json")
+
+
+class RouteLimits:
+    """Limits per route for one FastAPI app (see the module docstring).
+
+    ``default``: limits for every route without its own (a rate, a stack, or a list);
+    ``key``: the default key function (the client's IP, believing ``X-Forwarded-For`` only
+    from ``trusted_proxies``); ``checks``: app-wide checks run before routing for every
+    request (load shedding, concurrency); ``on_breach(request, rejection)`` returns the
+    response to a rejection; ``charge_when(status)`` decides which responses are charged
+    (default: all but 304). The remaining arguments are ``RateLimitMiddleware``'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        default: str | Limit | Iterable[str | Limit] | None = None,
+        key: KeyFunc | None = None,
+        algorithm: str = "fixed_window",
+        trusted_proxies: Iterable[str] = (),
+        checks: Iterable[Check] = (),
+        store: Any = None,
+        clock: Clock = time.time,
+        controls: Controls | None = None,
+        exempt: Iterable[str] = (),
+        priority: PriorityFunc | None = None,
+        charge_when: ChargeWhen | None = None,
+        on_breach: OnBreach | None = None,
+        log_interval: float = 60.0,
+    ) -> None:
+        self.table = RouteTable()
+        self.default = as_limits(default)
+        self.key = key or client_ip(trusted_proxies)
+        self.algorithm = algorithm
+        for limit in self.default:
+            limit.bind("default", self.key, algorithm)
+        self.controls = Controls(clock=clock) if controls is None else controls
+        self.on_breach = on_breach
+        self._options: dict[str, Any] = {
+            "checks": list(checks),
+            "store": store,
+            "clock": clock,
+            "controls": self.controls,
+            "exempt": exempt,
+            "priority": priority,
+            "charge_when": charge_when,
+            "log_interval": log_interval,
+        }
+        self._middleware: _Middleware | None = None
+        self._labels = itertools.count(1)
+
+    def limit(
+        self,
+        rate: RateSpec | RateFunc,
+        *,
+        key: KeyFunc | None = None,
+        cost: int | CostFunc = 1,
+        algorithm: str | None = None,
+        burst: int | None = None,
+        buckets: int | None = None,
+        methods: Iterable[str] = (),
+        charge_when: ChargeWhen | None = None,
+        override_defaults: bool = True,
+    ) -> Callable[[F], F]:
+        """Decorate an endpoint with a limit of its own (counted per route). ``rate`` may be
+        a function of the request returning the rate, or None for no limit."""
+        limit = Limit(
+            rate, key, None, algorithm, burst, buckets, cost, tuple(methods), charge_when,
+            override_defaults,
+        )  # fmt: skip
+        return self.table.mark(limit)
+
+    def shared_limit(
+        self,
+        rate: RateSpec | RateFunc,
+        name: str,
+        *,
+        key: KeyFunc | None = None,
+        cost: int | CostFunc = 1,
+        algorithm: str | None = None,
+        burst: int | None = None,
+        buckets: int | None = None,
+        methods: Iterable[str] = (),
+        charge_when: ChargeWhen | None = None,
+        override_defaults: bool = True,
+    ) -> Callable[[F], F]:
+        """A limit named ``name``: one counter for every endpoint it decorates."""
+        limit = Limit(
+            rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when,
+            override_defaults,
+        )  # fmt: skip
+        return self.table.mark(limit)
+
+    def exempt(self, endpoint: F) -> F:
+        """Free an endpoint from the default limits."""
+        return self.table.exempt(endpoint)
+
+    def dependency(
+        self,
+        rate: RateSpec | RateFunc,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+        cost: int | CostFunc = 1,
+        algorithm: str | None = None,
+        burst: int | None = None,
+        buckets: int | None = None,
+        methods: Iterable[str] = (),
+        charge_when: ChargeWhen | None = None,
+    ) -> Callable[[Request], Awaitable[None]]:
+        """A limit as a dependency, e.g. ``APIRouter(dependencies=[Depends(limits.dependency(
+        "100/minute"))])``: counted per route (named ``route@dN``) unless given a ``name``."""
+        limit = Limit(rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when)
+        label = f"d{next(self._labels)}"
+        positions: dict[str, int] = {}
+
+        async def ratekeeper_limit(request: Request) -> None:
+            adm, middleware = self._state(request)
+            route = middleware.route_name(request.scope.get("route"))
+            position = positions.get(route)
+            if position is None:
+                position = positions[route] = middleware.routes.position(limit, route, label)
+            if await middleware.admit_route(adm, (position,)) is not None:
+                raise RateLimited(adm.rejection)  # type: ignore[arg-type]  # just checked
+
+        return ratekeeper_limit
+
+    async def __call__(self, request: Request) -> None:
+        """The dependency ``init_app`` gives every route: its own limits, else the defaults."""
+        adm, middleware = self._state(request)
+        scope = request.scope
+        positions = middleware.routes.positions(
+            middleware.route_name(scope.get("route")), (scope.get("endpoint"),)
+        )
+        if positions and await middleware.admit_route(adm, positions) is not None:
+            raise RateLimited(adm.rejection)  # type: ignore[arg-type]  # just checked
+
+    def _state(self, request: Request) -> tuple[Admission, "_Middleware"]:
+        adm = request.scope.get(SCOPE_KEY)
+        middleware = self._middleware
+        if adm is None or middleware is None:
+            raise RuntimeError(
+                "ratekeeper's RouteLimits has no middleware in front of this app; call "
+                "limits.init_app(app) where the app is created"
+            )
+        return adm, middleware
+
+    def init_app(self, app: FastAPI) -> None:
+        """Install the middleware, the route dependency and the 429 exception handler."""
+        if not isinstance(app, FastAPI):
+            raise ConfigError(
+                f"init_app({app!r}): expected a FastAPI app; for plain Starlette use "
+                "ratekeeper.middleware.RateLimitMiddleware with routes="
+            )
+        dependencies = app.router.dependencies
+        if not any(d.dependency is self for d in dependencies):
+            if any(isinstance(r, APIRoute) for r in app.router.routes):
+                raise ConfigError(
+                    "init_app() was called after routes were declared, so they would have no "
+                    "limits; call it right after FastAPI(), or pass "
+                    "dependencies=[Depends(limits)] to FastAPI()"
+                )
+            dependencies.append(Depends(self))
+        app.add_middleware(_Middleware, limits=self)
+        if RateLimited not in app.exception_handlers:
+            app.add_exception_handler(RateLimited, self._handle)  # type: ignore[arg-type]  # narrower exception type
+
+    async def _handle(self, request: Request, exc: RateLimited) -> Response:
+        if self.on_breach is None:
+            return rejection_response(exc.rejection)
+        response = self.on_breach(request, exc.rejection)
+        if inspect.isawaitable(response):
+            response = await response
+        return response
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per check, requests in flight and store failures (after the first request)."""
+        if self._middleware is None:
+            return {"checks": self.controls.stats(), "in_flight": 0, "store": {}}
+        return self._middleware.stats()
+
+
+class _Middleware(RateLimitMiddleware):
+    """``RateLimitMiddleware`` built from a ``RouteLimits``, which it binds to its gate."""
+
+    def __init__(self, app: ASGIApp, limits: RouteLimits) -> None:
+        super().__init__(app, **limits._options)
+        self.routes = Routes(limits.table, self.gate, limits.default, limits.key, limits.algorithm)
+        self._names: dict[int, str] = {}
+        limits._middleware = self
+
+    def route_name(self, route: Any) -> str:
+        """``"GET /items/{item_id}"``: a route's methods and path, the name of its checks
+        (cached by the route's identity: the app's routes live as long as this middleware)."""
+        name = self._names.get(id(route))
+        if name is None:
+            path = getattr(route, "path", None) or "/"
+            methods = sorted(m for m in getattr(route, "methods", None) or () if m != "HEAD")
+            name = self._names[id(route)] = f"{','.join(methods)} {path}" if methods else path
+        return name
