@@ -34,6 +34,7 @@ def test_the_core_imports_no_framework(module: str) -> None:
     ("module", "allowed"),
     [
         ("ratekeeper.integrations.fastapi", {"fastapi", "starlette"}),
+        ("ratekeeper.integrations.flask", {"flask", "werkzeug"}),
     ],
 )
 def test_an_integration_imports_only_its_framework(module: str, allowed: set[str]) -> None:

@@ -21,8 +21,6 @@ Plain Starlette apps have no dependencies: use ``RateLimitMiddleware`` with ``ro
 """
 
 import inspect
-import itertools
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -32,14 +30,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..clock import Clock
 from ..errors import ConfigError
 from ..middleware.asgi import ASGIApp, RateLimitMiddleware
-from ..middleware.checks import ChargeWhen, Check, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.checks import ChargeWhen, CostFunc, RateFunc, RateSpec
 from ..middleware.gate import SCOPE_KEY, Admission
-from ..middleware.request import KeyFunc, PriorityFunc, client_ip
+from ..middleware.request import KeyFunc
 from ..middleware.responses import Rejection
-from .routes import Limit, Routes, RouteTable, as_limits
+from .routes import Limit, Routes
+from .settings import Settings
+from .shell import Resolved, Shell
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnBreach = Callable[[Request, Rejection], Response | Awaitable[Response]]
@@ -59,100 +58,12 @@ def rejection_response(rejection: Rejection) -> Response:
     return Response(rejection.body, rejection.status, media_type="application/json")
 
 
-class RouteLimits:
-    """Limits per route for one FastAPI app (see the module docstring).
+class RouteLimits(Shell):
+    """Limits per route for one FastAPI app (see the module docstring and ``Shell`` for the
+    options). ``on_breach(request, rejection)`` returns the response to a rejection, sync or
+    async (default: ``rejection_response``)."""
 
-    ``default``: limits for every route without its own (a rate, a stack, or a list);
-    ``key``: the default key function (the client's IP, believing ``X-Forwarded-For`` only
-    from ``trusted_proxies``); ``checks``: app-wide checks run before routing for every
-    request (load shedding, concurrency); ``on_breach(request, rejection)`` returns the
-    response to a rejection; ``charge_when(status)`` decides which responses are charged
-    (default: all but 304). The remaining arguments are ``RateLimitMiddleware``'s.
-    """
-
-    def __init__(
-        self,
-        *,
-        default: str | Limit | Iterable[str | Limit] | None = None,
-        key: KeyFunc | None = None,
-        algorithm: str = "fixed_window",
-        trusted_proxies: Iterable[str] = (),
-        checks: Iterable[Check] = (),
-        store: Any = None,
-        clock: Clock = time.time,
-        controls: Controls | None = None,
-        exempt: Iterable[str] = (),
-        priority: PriorityFunc | None = None,
-        charge_when: ChargeWhen | None = None,
-        on_breach: OnBreach | None = None,
-        log_interval: float = 60.0,
-    ) -> None:
-        self.table = RouteTable()
-        self.default = as_limits(default)
-        self.key = key or client_ip(trusted_proxies)
-        self.algorithm = algorithm
-        for limit in self.default:
-            limit.bind("default", self.key, algorithm)
-        self.controls = Controls(clock=clock) if controls is None else controls
-        self.on_breach = on_breach
-        self._options: dict[str, Any] = {
-            "checks": list(checks),
-            "store": store,
-            "clock": clock,
-            "controls": self.controls,
-            "exempt": exempt,
-            "priority": priority,
-            "charge_when": charge_when,
-            "log_interval": log_interval,
-        }
-        self._middleware: _Middleware | None = None
-        self._labels = itertools.count(1)
-
-    def limit(
-        self,
-        rate: RateSpec | RateFunc,
-        *,
-        key: KeyFunc | None = None,
-        cost: int | CostFunc = 1,
-        algorithm: str | None = None,
-        burst: int | None = None,
-        buckets: int | None = None,
-        methods: Iterable[str] = (),
-        charge_when: ChargeWhen | None = None,
-        override_defaults: bool = True,
-    ) -> Callable[[F], F]:
-        """Decorate an endpoint with a limit of its own (counted per route). ``rate`` may be
-        a function of the request returning the rate, or None for no limit."""
-        limit = Limit(
-            rate, key, None, algorithm, burst, buckets, cost, tuple(methods), charge_when,
-            override_defaults,
-        )  # fmt: skip
-        return self.table.mark(limit)
-
-    def shared_limit(
-        self,
-        rate: RateSpec | RateFunc,
-        name: str,
-        *,
-        key: KeyFunc | None = None,
-        cost: int | CostFunc = 1,
-        algorithm: str | None = None,
-        burst: int | None = None,
-        buckets: int | None = None,
-        methods: Iterable[str] = (),
-        charge_when: ChargeWhen | None = None,
-        override_defaults: bool = True,
-    ) -> Callable[[F], F]:
-        """A limit named ``name``: one counter for every endpoint it decorates."""
-        limit = Limit(
-            rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when,
-            override_defaults,
-        )  # fmt: skip
-        return self.table.mark(limit)
-
-    def exempt(self, endpoint: F) -> F:
-        """Free an endpoint from the default limits."""
-        return self.table.exempt(endpoint)
+    _middleware: "_Middleware | None" = None
 
     def dependency(
         self,
@@ -170,7 +81,7 @@ class RouteLimits:
         """A limit as a dependency, e.g. ``APIRouter(dependencies=[Depends(limits.dependency(
         "100/minute"))])``: counted per route (named ``route@dN``) unless given a ``name``."""
         limit = Limit(rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when)
-        label = f"d{next(self._labels)}"
+        label = f"d{next(self.serial)}"
         positions: dict[str, int] = {}
 
         async def ratekeeper_limit(request: Request) -> None:
@@ -220,7 +131,7 @@ class RouteLimits:
                     "dependencies=[Depends(limits)] to FastAPI()"
                 )
             dependencies.append(Depends(self))
-        app.add_middleware(_Middleware, limits=self)
+        app.add_middleware(_Middleware, limits=self, options=self.resolve(Settings()))
         if RateLimited not in app.exception_handlers:
             app.add_exception_handler(RateLimited, self._handle)  # type: ignore[arg-type]  # narrower exception type
 
@@ -230,6 +141,8 @@ class RouteLimits:
         response = self.on_breach(request, exc.rejection)
         if inspect.isawaitable(response):
             response = await response
+        if not isinstance(response, Response):
+            raise TypeError(f"on_breach returned {response!r}; expected a Response")
         return response
 
     def stats(self) -> dict[str, Any]:
@@ -242,9 +155,11 @@ class RouteLimits:
 class _Middleware(RateLimitMiddleware):
     """``RateLimitMiddleware`` built from a ``RouteLimits``, which it binds to its gate."""
 
-    def __init__(self, app: ASGIApp, limits: RouteLimits) -> None:
-        super().__init__(app, **limits._options)
-        self.routes = Routes(limits.table, self.gate, limits.default, limits.key, limits.algorithm)
+    def __init__(self, app: ASGIApp, limits: RouteLimits, options: Resolved) -> None:
+        super().__init__(app, **options.middleware)
+        self.routes = Routes(
+            limits.table, self.gate, options.default, options.key, options.algorithm
+        )
         self._names: dict[int, str] = {}
         limits._middleware = self
 
