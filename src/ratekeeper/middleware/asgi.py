@@ -10,21 +10,19 @@ cancellation on asyncio, so the release itself is not cancelled).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
-from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers, run_async, split_checks
+from .gate import SCOPE_KEY, Admission, Gate, added_headers
 from .request import PriorityFunc, from_scope
 from .responses import Rejection
+from .runner import AsyncRunner
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -73,43 +71,16 @@ class RateLimitMiddleware:
             checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
         )
         self.controls = self.gate.controls
-        self.limiter = AsyncLimiter(self.store, clock=clock)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
-        )
-
-    async def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return await call(
-                op.key,
-                op.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return await self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return await self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return await holder.release(op.lease)
+        self.runner = AsyncRunner(self.gate, self.store, clock)
+        self.limiter: AsyncLimiter = self.runner.limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        gate = self.gate
         request = from_scope(scope)
         adm = scope[SCOPE_KEY] = Admission(request)
-        try:
-            await run_async(gate.admit(request, adm), self._execute)
-        except Exception as exc:  # a bug in ratekeeper must not take the API down
-            gate.failed_open("ratekeeper", exc)
-        rejection = adm.rejection
+        rejection = await self.runner.admit(request, adm)
         if rejection is not None:
             await self._finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
@@ -141,33 +112,12 @@ class RateLimitMiddleware:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
         admission after routing; return the rejection to answer with, if any. The hook of the
         framework integrations; this middleware adds the headers and finishes the request."""
-        if adm.request is None or adm.rejection is not None or not positions:
+        if adm.request is None or not positions:
             return adm.rejection
-        try:
-            await run_async(self.gate.admit(adm.request, adm, positions), self._execute)
-        except Exception as exc:  # a bug in ratekeeper must not take the API down
-            self.gate.failed_open("ratekeeper", exc)
-        return adm.rejection
+        return await self.runner.admit(adm.request, adm, positions)
 
     async def _finish(self, adm: Admission, status: int | None) -> None:
-        ops = self.gate.finish(adm, status)
-        if not ops:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # not asyncio (trio): no shield to use
-            await self._run_ops(ops)
-            return
-        # Shielded: inside a cancelled task or anyio scope (client gone), an unshielded await
-        # would be cancelled again before the lease is released or the 304 refunded.
-        await asyncio.shield(self._run_ops(ops))
-
-    async def _run_ops(self, ops: list[Op]) -> None:
-        for op in ops:
-            try:
-                await self._execute(op)
-            except Exception as exc:
-                self.gate.finish_failed(op, exc)
+        await self.runner.finish(adm, status)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

@@ -3,8 +3,8 @@
 ``Gate.admit(request, admission)`` walks the checks in order and *yields* each store operation
 (``Op``) it needs — a rate ``hit``, a lease ``acquire``, a fleet ``admit`` — receiving the
 result (or a ``Failure``) back; ``Gate.finish(admission, status)`` returns the ``refund`` and
-``release`` operations that end a request, as a list. The WSGI middleware drives the flow with
-``run`` and a sync executor, the ASGI one with ``run_async`` and an async executor: the two
+``release`` operations that end a request, as a list. ``runner.Runner`` drives the flow with
+``run`` and sync limiters, ``runner.AsyncRunner`` with ``run_async`` and async ones: the two
 differ only where ``await`` appears (the pattern of httpx's ``auth_flow``).
 
 Rules:
@@ -28,7 +28,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple
 
 from ..clock import Clock
 from ..concurrency import Lease
@@ -393,64 +393,3 @@ async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None
             op = flow.send(result)
     except StopIteration:
         return
-
-
-_Lease = TypeVar("_Lease")
-_Fleet = TypeVar("_Fleet")
-
-
-class _ByPosition(dict[int, Any]):
-    """Live objects per check position, built on first use (checks can be added later)."""
-
-    def __init__(self, build: Callable[[int], Any]) -> None:
-        super().__init__()
-        self._build = build
-
-    def __missing__(self, position: int) -> Any:
-        value = self[position] = self._build(position)
-        return value
-
-
-def split_checks(
-    checks: Sequence[Check],
-    store: Any,
-    clock: Clock,
-    lease_class: Callable[..., _Lease],
-    fleet_class: Callable[..., _Fleet],
-) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
-    """Index checks by position: rate configs, and one limiter per lease-based check, built on
-    ``store`` (also a lease store when such checks exist; the limiters check that).
-
-    ``checks`` is the gate's live list: the maps look a position up there on first use, so a
-    check added after the middleware was built works too. The checks present now are built at
-    once, so a store that cannot hold leases fails at startup. The ASGI and WSGI middleware
-    pass their async or sync classes, whose constructors match.
-    """
-
-    def rate(position: int) -> RateCheck:
-        c = checks[position]
-        if not isinstance(c, RateCheck):
-            raise KeyError(position)
-        return c
-
-    def lease(position: int) -> _Lease:
-        c = checks[position]
-        if not isinstance(c, ConcurrencyCheck):
-            raise KeyError(position)
-        return lease_class(store, c.capacity, c.lease_ttl, clock=clock)
-
-    def fleet(position: int) -> _Fleet:
-        c = checks[position]
-        if not isinstance(c, FleetCheck):
-            raise KeyError(position)
-        return fleet_class(
-            store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
-        )
-
-    rates, leases, fleets = _ByPosition(rate), _ByPosition(lease), _ByPosition(fleet)
-    for i, c in enumerate(checks):  # now: a store that cannot hold leases fails at startup
-        if isinstance(c, ConcurrencyCheck):
-            leases[i] = lease(i)
-        elif isinstance(c, FleetCheck):
-            fleets[i] = fleet(i)
-    return rates, leases, fleets

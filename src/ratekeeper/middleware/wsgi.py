@@ -14,15 +14,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
-from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers, run, split_checks
+from .gate import SCOPE_KEY, Admission, Gate, added_headers
 from .request import PriorityFunc, from_environ
 from .responses import Rejection
+from .runner import Runner
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -76,40 +75,13 @@ class WSGIRateLimitMiddleware:
             checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
         )
         self.controls = self.gate.controls
-        self.limiter = Limiter(self.store, clock=clock)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
-        )
-
-    def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return call(
-                op.key,
-                op.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return holder.release(op.lease)
+        self.runner = Runner(self.gate, self.store, clock)
+        self.limiter: Limiter = self.runner.limiter
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        gate = self.gate
         request = from_environ(environ)
         adm = environ[SCOPE_KEY] = Admission(request)
-        try:
-            run(gate.admit(request, adm), self._execute)
-        except Exception as exc:  # a bug in ratekeeper must not take the API down
-            gate.failed_open("ratekeeper", exc)
-        rejection = adm.rejection
+        rejection = self.runner.admit(request, adm)
         if rejection is not None:
             self._finish(adm, rejection.status)
             start_response(rejection.status_line, list(rejection.headers))
@@ -140,21 +112,12 @@ class WSGIRateLimitMiddleware:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
         admission after routing; return the rejection to answer with, if any. The hook of the
         framework integrations; this middleware adds the headers and finishes the request."""
-        if adm.request is None or adm.rejection is not None or not positions:
+        if adm.request is None or not positions:
             return adm.rejection
-        try:
-            run(self.gate.admit(adm.request, adm, positions), self._execute)
-        except Exception as exc:  # a bug in ratekeeper must not take the API down
-            self.gate.failed_open("ratekeeper", exc)
-        return adm.rejection
+        return self.runner.admit(adm.request, adm, positions)
 
     def _finish(self, adm: Admission, status: int | None) -> None:
-        gate = self.gate
-        for op in gate.finish(adm, status):
-            try:
-                self._execute(op)
-            except Exception as exc:
-                gate.finish_failed(op, exc)
+        self.runner.finish(adm, status)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

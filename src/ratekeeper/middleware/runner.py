@@ -1,0 +1,200 @@
+"""A gate's store operations carried out: ``Runner`` (sync limiters) and ``AsyncRunner`` (async).
+
+What the ASGI and WSGI middleware and the framework integrations drive: ``admit`` walks a
+request's checks (all of the gate's, or a route's positions) into its admission, failing open
+on any error; ``finish`` runs the refunds and releases that end it. One ``_dispatch`` maps an
+``Op`` to a limiter call for both: the sync runner returns its result, the async one awaits it,
+so the two differ only where ``await`` appears. Several runners may share one gate (Django
+serves sync and async requests in one process); each builds its limiters on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..clock import Clock
+from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..limiter import AsyncLimiter, Limiter
+from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
+from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
+from .gate import Admission, Gate, Op, run, run_async
+from .request import RequestInfo
+from .responses import Rejection
+
+_Lease = TypeVar("_Lease")
+_Fleet = TypeVar("_Fleet")
+
+
+class _ByPosition(dict[int, Any]):
+    """Live objects per check position, built on first use (checks can be added later)."""
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, position: int) -> Any:
+        value = self[position] = self._build(position)
+        return value
+
+
+def split_checks(
+    checks: Sequence[Check],
+    store: Any,
+    clock: Clock,
+    lease_class: Callable[..., _Lease],
+    fleet_class: Callable[..., _Fleet],
+) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
+    """Index checks by position: rate configs, and one limiter per lease-based check, built on
+    ``store`` (also a lease store when such checks exist; the limiters check that).
+
+    ``checks`` is the gate's live list: the maps look a position up there on first use, so a
+    check added after the middleware was built works too. The checks present now are built at
+    once, so a store that cannot hold leases fails at startup. The two runners pass their
+    async or sync classes, whose constructors match.
+    """
+
+    def rate(position: int) -> RateCheck:
+        c = checks[position]
+        if not isinstance(c, RateCheck):
+            raise KeyError(position)
+        return c
+
+    def lease(position: int) -> _Lease:
+        c = checks[position]
+        if not isinstance(c, ConcurrencyCheck):
+            raise KeyError(position)
+        return lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+
+    def fleet(position: int) -> _Fleet:
+        c = checks[position]
+        if not isinstance(c, FleetCheck):
+            raise KeyError(position)
+        return fleet_class(
+            store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
+        )
+
+    rates, leases, fleets = _ByPosition(rate), _ByPosition(lease), _ByPosition(fleet)
+    for i, c in enumerate(checks):  # now: a store that cannot hold leases fails at startup
+        if isinstance(c, ConcurrencyCheck):
+            leases[i] = lease(i)
+        elif isinstance(c, FleetCheck):
+            fleets[i] = fleet(i)
+    return rates, leases, fleets
+
+
+class _Base:
+    """The limiters of one runner and the mapping from operations to their calls."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        store: Any,
+        clock: Clock,
+        limiter_class: Callable[..., Any],
+        lease_class: Callable[..., Any],
+        fleet_class: Callable[..., Any],
+    ) -> None:
+        self.gate = gate
+        self.store = store
+        self.limiter = limiter_class(store, clock=clock)
+        self._rates, self._leases, self._fleets = split_checks(
+            gate.checks, store, clock, lease_class, fleet_class
+        )
+
+    def _dispatch(self, op: Op) -> Any:
+        """The limiter call for ``op``: its result (sync) or an awaitable of it (async)."""
+        kind = op.kind
+        if kind == "hit" or kind == "refund":
+            c = self._rates[op.position]
+            call = self.limiter.hit if kind == "hit" else self.limiter.refund
+            return call(
+                op.key, op.rate, algorithm=c.algorithm, cost=op.cost, burst=c.burst,
+                buckets=c.buckets,
+            )  # fmt: skip
+        if kind == "acquire":
+            return self._leases[op.position].acquire(op.key)
+        if kind == "admit":
+            return self._fleets[op.position].admit(op.critical)
+        holder = self._leases.get(op.position) or self._fleets[op.position]
+        return holder.release(op.lease)
+
+
+class Runner(_Base):
+    """Sync: ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageShedder`` over ``store``."""
+
+    def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
+        super().__init__(gate, store, clock, Limiter, ConcurrencyLimiter, FleetUsageShedder)
+
+    def execute(self, op: Op) -> Any:
+        """Carry out one operation."""
+        return self._dispatch(op)
+
+    def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Rejection | None:
+        """Walk the checks (``positions``, default the gate's ``every``) into ``adm``; return
+        the rejection, if any. An error lets the request through (counted, logged)."""
+        if adm.rejection is not None:
+            return adm.rejection
+        try:
+            run(self.gate.admit(request, adm, positions), self._dispatch)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        return adm.rejection
+
+    def finish(self, adm: Admission, status: int | None) -> None:
+        """Refund and release what ends the request (once); failures are logged."""
+        for op in self.gate.finish(adm, status):
+            try:
+                self._dispatch(op)
+            except Exception as exc:
+                self.gate.finish_failed(op, exc)
+
+
+class AsyncRunner(_Base):
+    """Async: ``AsyncLimiter``, ``AsyncConcurrencyLimiter`` and ``AsyncFleetUsageShedder``."""
+
+    def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
+        super().__init__(
+            gate, store, clock, AsyncLimiter, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+        )
+
+    async def execute(self, op: Op) -> Any:
+        """Carry out one operation."""
+        return await self._dispatch(op)
+
+    async def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Rejection | None:
+        """Walk the checks (``positions``, default the gate's ``every``) into ``adm``; return
+        the rejection, if any. An error lets the request through (counted, logged)."""
+        if adm.rejection is not None:
+            return adm.rejection
+        try:
+            await run_async(self.gate.admit(request, adm, positions), self.execute)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        return adm.rejection
+
+    async def finish(self, adm: Admission, status: int | None) -> None:
+        """Refund and release what ends the request (once); failures are logged. Shielded on
+        asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
+        would be cancelled again before the lease is released or the charge refunded."""
+        ops = self.gate.finish(adm, status)
+        if not ops:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no shield to use
+            await self._run_ops(ops)
+            return
+        await asyncio.shield(self._run_ops(ops))
+
+    async def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
+            try:
+                await self.execute(op)
+            except Exception as exc:
+                self.gate.finish_failed(op, exc)
