@@ -35,6 +35,8 @@ def test_the_core_imports_no_framework(module: str) -> None:
     [
         ("ratekeeper.integrations.fastapi", {"fastapi", "starlette"}),
         ("ratekeeper.integrations.flask", {"flask", "werkzeug"}),
+        ("ratekeeper.integrations.django", {"django"}),
+        ("ratekeeper.integrations.drf", {"django", "rest_framework"}),
     ],
 )
 def test_an_integration_imports_only_its_framework(module: str, allowed: set[str]) -> None:
