@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -256,6 +257,43 @@ def test_init_app_after_routes_is_refused_and_a_missing_init_app_is_loud() -> No
 
     with pytest.raises(RuntimeError, match=r"call limits.init_app\(app\)"):
         TestClient(bare).get("/d")
+
+
+def test_a_decorated_endpoint_without_the_middleware_is_loud() -> None:
+    limits = RouteLimits()
+    app = FastAPI()
+
+    @app.get("/x")
+    @limits.limit("1/minute")
+    def x() -> int:
+        return 1
+
+    with pytest.raises(RuntimeError, match=r"call limits.init_app\(app\)"):
+        TestClient(app).get("/x")
+
+
+def test_guarded_endpoints_keep_their_signature_and_kind() -> None:
+    limits = RouteLimits(clock=ManualClock())
+    app = FastAPI()
+    limits.init_app(app)
+
+    @app.get("/items/{item_id}")
+    @limits.limit("2/minute")
+    @limits.limit("5/minute")  # a second decorator: one guard, two limits
+    def item(item_id: int, q: str = "") -> dict[str, object]:
+        return {"id": item_id, "q": q}
+
+    client = TestClient(app)
+    assert client.get("/items/3?q=a").json() == {"id": 3, "q": "a"}
+    assert client.get("/items/x").status_code == 422  # refused by FastAPI: never charged
+    names = {p["name"] for p in app.openapi()["paths"]["/items/{item_id}"]["get"]["parameters"]}
+    assert names == {"item_id", "q"}
+    assert [client.get("/items/4").status_code for _ in range(2)] == [200, 429]
+    with pytest.raises(ConfigError, match="sync generator endpoint"):
+
+        @limits.limit("1/minute")
+        def chunks() -> Iterator[bytes]:
+            yield b"x"
 
 
 def test_bad_limits_fail_when_declared() -> None:

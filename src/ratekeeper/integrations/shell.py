@@ -114,7 +114,7 @@ class Shell:
             rate, key, None, algorithm, burst, buckets, cost, tuple(methods), charge_when,
             override_defaults,
         )  # fmt: skip
-        return self.table.mark(limit)
+        return self.decorator(self.table.mark(limit))
 
     def shared_limit(
         self,
@@ -135,7 +135,12 @@ class Shell:
             rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when,
             override_defaults,
         )  # fmt: skip
-        return self.table.mark(limit)
+        return self.decorator(self.table.mark(limit))
+
+    def decorator(self, mark: Callable[[F], F]) -> Callable[[F], F]:
+        """What ``limit`` and ``shared_limit`` return, given the decorator that marks a view:
+        that decorator itself, unless a framework needs more."""
+        return mark
 
     def exempt(self, target: F) -> F:
         """Free a view (or a group of views) from the default limits."""

@@ -82,7 +82,7 @@ class RateLimitMiddleware:
         adm = scope[SCOPE_KEY] = Admission(request)
         rejection = await self.runner.admit(request, adm)
         if rejection is not None:
-            await self._finish(adm, rejection.status)
+            await self.runner.finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
             await send({**start, "headers": _encode(rejection.headers)})
             body = b"" if scope.get("method") == "HEAD" else rejection.body
@@ -106,7 +106,7 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            await self._finish(adm, status)
+            await self.runner.finish(adm, status)
 
     async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
@@ -115,9 +115,6 @@ class RateLimitMiddleware:
         if adm.request is None or not positions:
             return adm.rejection
         return await self.runner.admit(adm.request, adm, positions)
-
-    async def _finish(self, adm: Admission, status: int | None) -> None:
-        await self.runner.finish(adm, status)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

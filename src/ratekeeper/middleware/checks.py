@@ -57,15 +57,19 @@ class _Scope:
 
     routes: PathMatcher
     methods: frozenset[str]
+    everywhere: bool
 
     def applies(self, request: RequestInfo) -> bool:
+        if self.everywhere:  # the usual case, decided without a call
+            return True
         if self.methods and request.method not in self.methods:
             return False
         return not self.routes or self.routes(request.path)
 
 
 def _scope(routes: Iterable[str], methods: Iterable[str]) -> _Scope:
-    return _Scope(PathMatcher(routes), frozenset(m.upper() for m in methods))
+    matcher, verbs = PathMatcher(routes), frozenset(m.upper() for m in methods)
+    return _Scope(matcher, verbs, not matcher and not verbs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,7 @@ class Gate:
         """Every check by position; grows (``add``), so executors look positions up here."""
         self.controls = Controls(clock=clock) if controls is None else controls
         self.exempt = PathMatcher(exempt)
+        self._exempting = bool(self.exempt)
         self.priority = priorities() if priority is None else priority
         self.refund_statuses = frozenset(refund_statuses)
         if charge_when is not None and not callable(charge_when):
@@ -208,7 +209,7 @@ class Gate:
         """Walk the checks at ``positions`` (default: ``every``) for one request, filling
         ``adm``; called again on the same admission (a route's limits after the app-wide
         checks), it goes on where the first walk left off (see the module docstring)."""
-        if self.exempt and self.exempt(request.path):
+        if self._exempting and self.exempt(request.path):
             return
         if not adm.entered:
             adm.entered = True
@@ -328,7 +329,7 @@ class Gate:
     def _keeps(self, op: Op, status: int) -> bool:
         """Whether the charge ``op`` stands for a response with ``status``."""
         check = self.checks[op.position]
-        predicate = getattr(check, "charge_when", None) or self.charge_when
+        predicate = check.charge_when or self.charge_when  # type: ignore[union-attr]  # a rate check's op
         if predicate is None:
             return status not in self.refund_statuses
         try:

@@ -173,7 +173,7 @@ class AsyncRunner(_Base):
         if adm.rejection is not None:
             return adm.rejection
         try:
-            await run_async(self.gate.admit(request, adm, positions), self.execute)
+            await run_async(self.gate.admit(request, adm, positions), self._dispatch)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             self.gate.failed_open("ratekeeper", exc)
         return adm.rejection
@@ -195,6 +195,6 @@ class AsyncRunner(_Base):
     async def _run_ops(self, ops: list[Op]) -> None:
         for op in ops:
             try:
-                await self.execute(op)
+                await self._dispatch(op)
             except Exception as exc:
                 self.gate.finish_failed(op, exc)
