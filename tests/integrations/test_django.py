@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,6 +150,23 @@ def test_async_views_through_the_async_middleware() -> None:
     assert items == [200, 200, 200, 429] and search == [200, 429] and head == "async-search"
 
 
+def test_the_first_requests_arriving_together_build_one_set_of_limits() -> None:
+    with ratekeeper():
+        barrier = threading.Barrier(16)
+
+        def build(_: int) -> int:
+            barrier.wait(10)
+            return id(rk.current())
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads often: the race, if any, shows
+        try:
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                assert len(set(pool.map(build, range(16)))) == 1
+        finally:
+            sys.setswitchinterval(interval)
+
+
 def test_bad_settings_are_named() -> None:
     for config, named in [
         ({"STORAGE_URL": "redis://x"}, "'STORAGE_URL' is unknown"),
@@ -183,7 +201,7 @@ def hammer(base: str, path: str, n: int) -> list[int]:
 
 
 def test_real_wsgi_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:
-    with ratekeeper(STORAGE_URI=redis_url, DEFAULT="5/minute", CLOCK=None):
+    with ratekeeper(STORAGE_URI=redis_url, DEFAULT="5/minute"):
         with waitress_server(get_wsgi_application()) as base:
             assert hammer(base, "/items/", 20) == [200] * 5 + [429] * 15
             with httpx.Client(base_url=base, timeout=20) as http:
@@ -192,7 +210,7 @@ def test_real_wsgi_server_on_redis_admits_exactly_the_limit(redis_url: str) -> N
 
 
 def test_real_asgi_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:
-    with ratekeeper(STORAGE_URI=redis_url, DEFAULT="5/minute", CLOCK=None):
+    with ratekeeper(STORAGE_URI=redis_url, DEFAULT="5/minute"):
         with uvicorn_server(get_asgi_application()) as base:
             assert hammer(base, "/async/items/", 20) == [200] * 5 + [429] * 15
             assert hammer(base, "/items/", 12) == [200] * 5 + [429] * 7  # a sync view

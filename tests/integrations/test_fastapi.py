@@ -310,7 +310,9 @@ def test_bad_limits_fail_when_declared() -> None:
 
 
 def test_real_uvicorn_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:
-    limits = RouteLimits(default="5/minute", store=RedisStore(redis_url, socket_timeout=2.0))
+    limits = RouteLimits(
+        default="5/minute", store=RedisStore(redis_url, socket_timeout=2.0), clock=ManualClock()
+    )
     app = make(limits)
     with uvicorn_server(app) as base, httpx.Client(base_url=base, timeout=20) as http:
 

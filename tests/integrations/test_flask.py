@@ -245,7 +245,7 @@ def waitress_server(app: Flask) -> Iterator[str]:
 
 
 def test_real_waitress_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:
-    limits = RouteLimits(store=RedisStore(redis_url, socket_timeout=2.0))
+    limits = RouteLimits(store=RedisStore(redis_url, socket_timeout=2.0), clock=ManualClock())
     app = make(limits, RATELIMIT_DEFAULT="5/minute")
     with waitress_server(app) as base, httpx.Client(base_url=base, timeout=20) as http:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -12,6 +12,7 @@ import pytest
 from ratekeeper import ConfigError, Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, RequestInfo, WSGIRateLimitMiddleware, keys
 from ratekeeper.middleware.gate import Admission, Gate, Op, run
+from ratekeeper.middleware.runner import Runner
 
 StartResponse = Callable[..., Any]
 
@@ -167,3 +168,14 @@ def test_checks_added_later_run_only_where_named() -> None:
     assert refunds == []  # the rejected walk charged nothing
     assert [op.kind for op in gate.finish(adm, 304)] == ["refund", "refund"]
     assert gate.in_flight == 0
+
+
+def test_a_failing_finish_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    gate = _gate(RateCheck("app", "1/minute"))
+    runner = Runner(gate, MemoryStore(), gate.clock)
+    adm = Admission()
+    adm.entered = True
+    adm.charged.append(Op("hit", 7, "app:k", 1, rate="1/minute"))  # no check at position 7
+    with caplog.at_level(logging.WARNING, logger="ratekeeper"):
+        runner.finish(adm, 200)  # the response is on its way: log, do not raise
+    assert "IndexError" in caplog.text

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -215,20 +216,37 @@ def _dotted(view: Callable[..., Any]) -> str:
 
 
 _current: Limits | None = None
+_building = threading.Lock()
 
 
 def current() -> Limits:
-    """The ``Limits`` of ``settings.RATEKEEPER``, built on first use."""
+    """The ``Limits`` of ``settings.RATEKEEPER``, built on first use (once: the first requests
+    of a threaded server arrive together)."""
     global _current
-    if _current is None:
-        _current = Limits(getattr(settings, "RATEKEEPER", {}))
-    return _current
+    found = _current
+    if found is None:
+        with _building:
+            found = _current
+            if found is None:
+                found = _current = Limits(getattr(settings, "RATEKEEPER", {}))
+    return found
 
 
 def _reset(setting: str, **kwargs: Any) -> None:
     global _current
     if setting == "RATEKEEPER":
-        _current = None
+        with _building:
+            _current = None
+
+
+LIMITS_KEY = "ratekeeper.limits"
+"""Where the middleware leaves the ``Limits`` a request started with (``request.META``): the
+whole request uses one, even if the settings change meanwhile."""
+
+
+def _started(request: HttpRequest) -> tuple[Admission, Limits] | None:
+    adm = request.META.get(SCOPE_KEY)
+    return None if adm is None else (adm, request.META[LIMITS_KEY])
 
 
 setting_changed.connect(_reset)
@@ -250,7 +268,7 @@ class RateLimitMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self._call_async(request)
-        limits = current()
+        limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
         adm = request.META[SCOPE_KEY] = Admission(info)
         rejection = limits.sync.admit(info, adm)
@@ -259,7 +277,7 @@ class RateLimitMiddleware:
         return limits.complete(adm, self.get_response(request))
 
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
-        limits = current()
+        limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
         adm = request.META[SCOPE_KEY] = Admission(info)
         rejection = await limits.aio.admit(info, adm)
@@ -270,23 +288,31 @@ class RateLimitMiddleware:
     def process_view(
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
-        adm = request.META.get(SCOPE_KEY)
-        if adm is None:
+        started = _started(request)
+        if started is None:
             return None
-        limits = current()
+        adm, limits = started
         positions = limits.positions(request, view)
-        rejection = limits.sync.admit(adm.request, adm, positions) if positions else None
+        rejection = (
+            limits.sync.admit(adm.request or limits.info(request), adm, positions)
+            if positions
+            else None
+        )
         return None if rejection is None else limits.respond(request, rejection)
 
     async def _process_view_async(
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
-        adm = request.META.get(SCOPE_KEY)
-        if adm is None:
+        started = _started(request)
+        if started is None:
             return None
-        limits = current()
+        adm, limits = started
         positions = limits.positions(request, view)
-        rejection = await limits.aio.admit(adm.request, adm, positions) if positions else None
+        rejection = (
+            await limits.aio.admit(adm.request or limits.info(request), adm, positions)
+            if positions
+            else None
+        )
         return None if rejection is None else limits.respond(request, rejection)
 
 

@@ -31,7 +31,7 @@ from ..middleware.checks import RateCheck
 from ..middleware.gate import SCOPE_KEY, Admission
 from ..middleware.request import RequestInfo
 from ..middleware.responses import Rejection
-from .django import current
+from .django import LIMITS_KEY, current
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,20 +95,20 @@ class RateThrottle:
         ident = self.get_cache_key(request, view)
         if ident is None:
             return True
-        limits = current()
+        django_request = request._request
+        started = django_request.META.get(SCOPE_KEY)  # the middleware's admission
+        limits = django_request.META[LIMITS_KEY] if started is not None else current()
         name = f"throttle:{self.scope or type(self).__name__}"
         found = (name, self.rate, self.algorithm)
         position = limits.throttles.get(found)
         if position is None:
             check = RateCheck(name, self.rate, key=_ident, algorithm=self.algorithm)
             position = limits.throttles[found] = limits.gate.add(check)
-        django_request = request._request
         base = limits.info(django_request)
         info = dataclasses.replace(base, raw=_Call(request, view, str(ident)))
-        joined = django_request.META.get(SCOPE_KEY)  # the middleware's admission
-        adm = joined or Admission(info)
+        adm = started or Admission(info)
         self._rejection = limits.sync.admit(info, adm, (position,))
-        if joined is None:  # nothing to refund or release later: done now
+        if started is None:  # nothing to refund or release later: done now
             limits.sync.finish(adm, None)
         return self._rejection is None
 

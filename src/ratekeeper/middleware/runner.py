@@ -103,6 +103,15 @@ class _Base:
             gate.checks, store, clock, lease_class, fleet_class
         )
 
+    def _ending(self, adm: Admission, status: int | None) -> list[Op]:
+        """The gate's refunds and releases for ``adm``; an error (a bug, a charge predicate
+        that raised) is logged and ends nothing: the response is already on its way."""
+        try:
+            return self.gate.finish(adm, status)
+        except Exception as exc:
+            self.gate.failed_open("ratekeeper", exc, count=False)
+            return []
+
     def _dispatch(self, op: Op) -> Any:
         """The limiter call for ``op``: its result (sync) or an awaitable of it (async)."""
         kind = op.kind
@@ -146,7 +155,7 @@ class Runner(_Base):
 
     def finish(self, adm: Admission, status: int | None) -> None:
         """Refund and release what ends the request (once); failures are logged."""
-        for op in self.gate.finish(adm, status):
+        for op in self._ending(adm, status):
             try:
                 self._dispatch(op)
             except Exception as exc:
@@ -182,7 +191,7 @@ class AsyncRunner(_Base):
         """Refund and release what ends the request (once); failures are logged. Shielded on
         asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
         would be cancelled again before the lease is released or the charge refunded."""
-        ops = self.gate.finish(adm, status)
+        ops = self._ending(adm, status)
         if not ops:
             return
         try:
