@@ -41,7 +41,15 @@ from django.utils.module_loading import import_string
 from ..errors import ConfigError
 from ..middleware.checks import ChargeWhen, Controls, CostFunc, RateFunc, RateSpec
 from ..middleware.gate import SCOPE_KEY, Admission, Gate, added_headers
-from ..middleware.request import KeyFunc, RequestInfo, client_ip, first, from_environ, header
+from ..middleware.request import (
+    KeyFunc,
+    RequestInfo,
+    client_ip,
+    first,
+    from_environ,
+    header,
+    trusted_networks,
+)
 from ..middleware.responses import Rejection
 from ..middleware.runner import AsyncRunner, Runner
 from .routes import Limit, Routes, RouteTable
@@ -75,16 +83,11 @@ def _field(source: str, name: str) -> KeyFunc:
     return key
 
 
-def _ip(request: RequestInfo) -> str | None:
-    """The client's IP behind ``RATEKEEPER["TRUSTED_PROXIES"]``."""
-    return current().ip(request)
-
-
 def key_function(spec: str | KeyFunc | None) -> KeyFunc:
     """A key function from a django-ratelimit style name, a dotted path, or a function."""
     if callable(spec):
         return spec
-    ip = _ip
+    ip = client_ip()  # behind RATEKEEPER["TRUSTED_PROXIES"]
     named: dict[str, KeyFunc] = {
         "ip": ip,
         "user": lambda request: request.user,
@@ -128,7 +131,7 @@ class Limits:
     def __init__(self, config: Mapping[str, Any]) -> None:
         found = read(config, "", "settings.RATEKEEPER", EXTRA)
         self.clock = _function(config.get("CLOCK"), "CLOCK") or time.time
-        self.ip = client_ip(found.trusted_proxies)
+        self.trusted = trusted_networks(found.trusted_proxies)
         self.key = key_function(config.get("KEY"))
         self.on_breach = _function(config.get("ON_BREACH"), "ON_BREACH") or rejection_response
         charge_when: ChargeWhen | None = _function(config.get("CHARGE_WHEN"), "CHARGE_WHEN")
@@ -152,7 +155,8 @@ class Limits:
 
     def info(self, request: HttpRequest) -> RequestInfo:
         """What checks see of ``request`` (``raw`` is the ``HttpRequest``)."""
-        return dataclasses.replace(from_environ(request.META), user=_user(request), raw=request)
+        info = from_environ(request.META, self.trusted)
+        return dataclasses.replace(info, user=_user(request), raw=request)
 
     def positions(self, request: HttpRequest, view: Callable[..., Any]) -> tuple[int, ...]:
         """The checks a request to ``view`` walks: its own limits, else the default limits."""

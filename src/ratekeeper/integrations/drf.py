@@ -84,8 +84,7 @@ class RateThrottle:
 
     def get_ident(self, request: Any) -> str:
         """The client's IP, behind ``RATEKEEPER["TRUSTED_PROXIES"]``."""
-        limits = current()
-        return limits.ip(limits.info(request._request)) or ""
+        return current().info(request._request).client()
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Charge one request to this throttle's counter; False if over the rate."""

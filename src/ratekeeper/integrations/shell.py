@@ -85,12 +85,13 @@ class Shell:
         default = settings.default if self._default is None else self._default
         algorithm = self._algorithm or settings.strategy
         proxies = self._trusted_proxies
-        key = self._key or client_ip(settings.trusted_proxies if proxies is None else proxies)
+        key = self._key or client_ip()  # behind the middleware's trusted proxies
         for limit in default:
             limit.bind("default", key, algorithm)  # an option that does not fit fails now
         if not self._own_controls:
             self.controls.default = settings.mode
         middleware = dict(self._middleware_options)
+        middleware["trusted_proxies"] = settings.trusted_proxies if proxies is None else proxies
         if middleware["store"] is None:
             middleware["store"] = settings.store()
         return Resolved(default, key, algorithm, middleware)

@@ -6,6 +6,13 @@ by the middleware itself, an allowed response gets its headers by wrapping ``sen
 released and 304s refunded when the app returns — after the last body chunk of a streaming
 response, or when it raises or is cancelled because the client went away (shielded from that
 cancellation on asyncio, so the release itself is not cancelled).
+
+Cancelled during admission (client gone, an outer timeout, shutdown): see ``AsyncRunner``;
+what was granted is refunded and released before the cancellation goes on.
+
+The request's ``Admission`` is left in the scope (``gate.SCOPE_KEY``): a framework integration
+walks a route's limits into it after routing (``admit_route``), and the headers are read when
+the response starts, so they include those limits'.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
 from .gate import SCOPE_KEY, Admission, Gate, added_headers
-from .request import PriorityFunc, from_scope
+from .request import PriorityFunc, from_scope, trusted_networks
 from .responses import Rejection
 from .runner import AsyncRunner
 
@@ -48,7 +55,9 @@ class RateLimitMiddleware:
     """ASGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be an ``AsyncStore``, and an
-    ``AsyncLeaseStore`` too when there are concurrency or fleet checks.
+    ``AsyncLeaseStore`` too when there are concurrency or fleet checks. ``trusted_proxies``
+    (addresses or CIDR ranges of your load balancers, set once) is what every
+    ``keys.client_ip()`` — the default key of every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -64,13 +73,16 @@ class RateLimitMiddleware:
         refund_statuses: Iterable[int] = (304,),
         charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(
             checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
         )
         self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
         self.runner = AsyncRunner(self.gate, self.store, clock)
         self.limiter: AsyncLimiter = self.runner.limiter
 
@@ -78,13 +90,21 @@ class RateLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = from_scope(scope)
+        gate = self.gate
+        request = from_scope(scope, self.trusted_proxies)
         adm = scope[SCOPE_KEY] = Admission(request)
-        rejection = await self.runner.admit(request, adm)
+        extra: list[tuple[bytes, bytes]] = []
+        try:
+            rejection = await self.runner.admit(request, adm)
+            if rejection is not None:
+                extra = _encode(rejection.headers)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            gate.failed_open("ratekeeper", exc)
+            rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
             await self.runner.finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
-            await send({**start, "headers": _encode(rejection.headers)})
+            await send({**start, "headers": extra})
             body = b"" if scope.get("method") == "HEAD" else rejection.body
             await send({"type": "http.response.body", "body": body})
             return
@@ -98,9 +118,14 @@ class RateLimitMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 # read now: a route's limits may have joined the admission after routing
-                extra = added_headers(adm)
-                if extra:
-                    message = {**message, "headers": [*message.get("headers", ()), *_encode(extra)]}
+                added = added_headers(adm)
+                if added:
+                    try:
+                        more = _encode(added)
+                    except Exception as exc:  # never break the app's response
+                        gate.failed_open("ratekeeper", exc)
+                    else:
+                        message = {**message, "headers": [*message.get("headers", ()), *more]}
             await send(message)
 
         try:

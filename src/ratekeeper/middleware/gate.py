@@ -12,6 +12,8 @@ Rules:
   and never adds headers;
 - any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+  the first store failure of the process is logged at ERROR, naming the store's address
+  (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
@@ -20,6 +22,9 @@ Rules:
 - the checks given to the constructor run for every request; checks registered later with
   ``add`` (a framework's per-route limits) run only where a caller names their positions, in
   the same admission, so one request has one set of headers and one rule for giving back.
+- an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
+  shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
+  granted when the driver could wait for it, is refunded and released.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any, Literal, NamedTuple
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..shedding import WorkerUtilizationShedder
 from .checks import (
     ChargeWhen,
@@ -91,6 +96,7 @@ class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
     __slots__ = (
+        "aborted",
         "best",
         "charged",
         "done",
@@ -112,6 +118,7 @@ class Admission:
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+        self.aborted = False
 
 
 _BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
@@ -179,6 +186,9 @@ class Gate:
         """The positions walked for every request: the checks given to the constructor."""
         self._last_log = -1e18
         self._unlogged = 0
+        self.store_label = "(the store)"
+        """How the first store failure's ERROR names the store: the middleware sets its repr."""
+        self._store_reported = False
 
     def add(self, check: Check) -> int:
         """Register ``check`` and return its position; the same check again keeps its position
@@ -316,7 +326,7 @@ class Gate:
                 self.in_flight -= 1
         ops = []
         if adm.charged:
-            if adm.rejection is not None:
+            if adm.rejection is not None or adm.aborted:
                 ops = [op._replace(kind="refund") for op in adm.charged]
             elif status is not None:
                 ops = [
@@ -338,6 +348,19 @@ class Gate:
             self.failed_open(check.name, exc, count=False)
             return True
 
+    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
+        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
+        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
+        unknown): a charge or lease it granted is given back too."""
+        if op is not None and result is not None and not isinstance(result, Failure):
+            if op.kind == "hit" and isinstance(result, Decision):
+                if result.allowed and not result.degraded:
+                    adm.charged.append(op)
+            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
+                adm.leases.append((op.position, result))
+        adm.aborted = True
+        return self.finish(adm, None)
+
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
         self.failed_open(self.checks[op.position].name, exc, count=False)
@@ -346,6 +369,15 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.controls.count(name, "failed_open")
+        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+            self._store_reported = True
+            log.error(
+                "ratekeeper check %r: store %s does not answer (%s); requests go through "
+                "unchecked (fail open) until it does, later failures are logged as warnings",
+                name,
+                self.store_label,
+                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+            )
         if isinstance(exc, _Degraded):
             return
         self._unlogged += 1

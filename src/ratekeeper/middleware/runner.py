@@ -2,7 +2,16 @@
 
 What the ASGI and WSGI middleware and the framework integrations drive: ``admit`` walks a
 request's checks (all of the gate's, or a route's positions) into its admission, failing open
-on any error; ``finish`` runs the refunds and releases that end it. One ``_dispatch`` maps an
+on any error; ``finish`` runs the refunds and releases that end it.
+
+Cut short (a ``BaseException``: asyncio or anyio cancellation when the client goes away, an
+outer timeout, shutdown; a gevent timeout, ``KeyboardInterrupt``), ``admit`` ends the admission
+with ``Gate.abort`` — what it was granted is refunded and released — before the exception goes
+on. On asyncio each store call of the admission runs as a shielded task, so the call in flight
+completes and what it granted is given back too; a store without I/O (``LocalStore``: the
+memory store) is never suspended mid-call, so its calls run inline. A sync store call
+interrupted mid-flight cannot say what it granted: such a lease expires after its
+``lease_ttl``. One ``_dispatch`` maps an
 ``Op`` to a limiter call for both: the sync runner returns its result, the async one awaits it,
 so the two differ only where ``await`` appears. Several runners may share one gate (Django
 serves sync and async requests in one process); each builds its limiters on first use.
@@ -11,15 +20,16 @@ serves sync and async requests in one process); each builds its limiters on firs
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
 from ..limiter import AsyncLimiter, Limiter
 from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
+from ..stores.base import LocalStore
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
-from .gate import Admission, Gate, Op, run, run_async
+from .gate import Admission, Failure, Gate, Op, run, run_async
 from .request import RequestInfo
 from .responses import Rejection
 
@@ -151,11 +161,17 @@ class Runner(_Base):
             run(self.gate.admit(request, adm, positions), self._dispatch)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             self.gate.failed_open("ratekeeper", exc)
+        except BaseException:  # interrupted (module docstring): give back what was granted
+            self._run_ops(self.gate.abort(adm))
+            raise
         return adm.rejection
 
     def finish(self, adm: Admission, status: int | None) -> None:
         """Refund and release what ends the request (once); failures are logged."""
-        for op in self._ending(adm, status):
+        self._run_ops(self._ending(adm, status))
+
+    def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
             try:
                 self._dispatch(op)
             except Exception as exc:
@@ -169,6 +185,7 @@ class AsyncRunner(_Base):
         super().__init__(
             gate, store, clock, AsyncLimiter, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
         )
+        self._inline = isinstance(store, LocalStore)
 
     async def execute(self, op: Op) -> Any:
         """Carry out one operation."""
@@ -181,25 +198,45 @@ class AsyncRunner(_Base):
         the rejection, if any. An error lets the request through (counted, logged)."""
         if adm.rejection is not None:
             return adm.rejection
+        flight: list[tuple[Op, asyncio.Future[Any]]] = []
+        execute: Callable[[Op], Awaitable[Any]] = self._dispatch
+        if not self._inline and _on_asyncio():
+
+            async def execute(op: Op) -> Any:
+                task = asyncio.ensure_future(self._dispatch(op))
+                flight.append((op, task))
+                result = await asyncio.shield(task)
+                flight.clear()
+                return result
+
         try:
-            await run_async(self.gate.admit(request, adm, positions), self._dispatch)
+            await run_async(self.gate.admit(request, adm, positions), execute)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             self.gate.failed_open("ratekeeper", exc)
+        except BaseException:  # cancelled (module docstring): give back what was granted
+            await _shielded(self._abort(adm, flight))
+            raise
         return adm.rejection
+
+    async def _abort(self, adm: Admission, flight: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        op = result = None
+        if flight:  # the store call in flight goes on: wait for what it granted
+            op, task = flight[0]
+            try:
+                result = await task
+            except Exception as exc:
+                result = Failure(exc)
+            except BaseException:  # the call itself was cancelled: it granted nothing we know
+                result = None
+        await self._run_ops(self.gate.abort(adm, op, result))
 
     async def finish(self, adm: Admission, status: int | None) -> None:
         """Refund and release what ends the request (once); failures are logged. Shielded on
         asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
         would be cancelled again before the lease is released or the charge refunded."""
         ops = self._ending(adm, status)
-        if not ops:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # not asyncio (trio): no shield to use
-            await self._run_ops(ops)
-            return
-        await asyncio.shield(self._run_ops(ops))
+        if ops:
+            await _shielded(self._run_ops(ops))
 
     async def _run_ops(self, ops: list[Op]) -> None:
         for op in ops:
@@ -207,3 +244,21 @@ class AsyncRunner(_Base):
                 await self._dispatch(op)
             except Exception as exc:
                 self.gate.finish_failed(op, exc)
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _shielded(work: Coroutine[Any, Any, None]) -> None:
+    """Await ``work`` shielded from cancellation: inside a cancelled task or anyio scope (client
+    gone), an unshielded await would be cancelled again before the lease is released or the
+    charge refunded. Not asyncio (trio): no shield to use."""
+    if _on_asyncio():
+        await asyncio.shield(work)
+    else:
+        await work
