@@ -30,7 +30,7 @@ from ratekeeper.integrations import django as rk  # noqa: E402
 from ratekeeper.middleware import ConcurrencyCheck  # noqa: E402
 from ratekeeper.middleware.responses import Rejection  # noqa: E402
 from tests.integrations.django_project import views  # noqa: E402
-from tests.middleware.servers import uvicorn_server  # noqa: E402
+from tests.middleware.servers import uvicorn_server, waitress_server  # noqa: E402
 
 PEER = {"REMOTE_ADDR": "198.51.100.7"}
 
@@ -176,20 +176,6 @@ def test_bad_settings_are_named() -> None:
     ]:
         with ratekeeper(**config), pytest.raises(ConfigError, match=named):
             rk.current()
-
-
-@contextmanager
-def waitress_server(app: Any) -> Iterator[str]:
-    from waitress.server import create_server
-
-    server = create_server(app, host="127.0.0.1", port=0, threads=8)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.effective_port}"
-    finally:
-        server.close()
-        thread.join(timeout=20)
 
 
 def hammer(base: str, path: str, n: int) -> list[int]:

@@ -26,7 +26,7 @@ from ratekeeper import ManualClock  # noqa: E402
 from ratekeeper.integrations import django as rk  # noqa: E402
 from ratekeeper.integrations.drf import RateThrottle, UserRateThrottle  # noqa: E402
 from tests.integrations.django_project.views import UserView  # noqa: E402
-from tests.integrations.test_django import waitress_server  # noqa: E402
+from tests.middleware.servers import waitress_server  # noqa: E402
 
 PEER = {"REMOTE_ADDR": "198.51.100.7"}
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -20,6 +17,7 @@ from ratekeeper import ConfigError, ManualClock, MemoryStore, RedisStore
 from ratekeeper.integrations.flask import RateLimited, RouteLimits
 from ratekeeper.middleware import RequestInfo, keys
 from ratekeeper.middleware.responses import Rejection
+from tests.middleware.servers import waitress_server
 
 PLANS = {"free": "2/minute", "pro": "4/minute"}
 
@@ -227,21 +225,6 @@ def test_trusted_proxies_from_config_key_clients_by_forwarded_address() -> None:
     assert client.get("/items", headers=a, environ_base=env).status_code == 200
     assert client.get("/items", headers=b, environ_base=env).status_code == 200
     assert client.get("/items", headers=a, environ_base=env).status_code == 429
-
-
-@contextmanager
-def waitress_server(app: Flask) -> Iterator[str]:
-    """Serve ``app`` with waitress on a free loopback port (8 threads); yields the base URL."""
-    from waitress.server import create_server
-
-    server = create_server(app, host="127.0.0.1", port=0, threads=8)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.effective_port}"
-    finally:
-        server.close()
-        thread.join(timeout=20)
 
 
 def test_real_waitress_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:

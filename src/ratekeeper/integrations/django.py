@@ -292,32 +292,37 @@ class RateLimitMiddleware:
     def process_view(
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
-        started = _started(request)
-        if started is None:
+        walk = _route_walk(request, view)
+        if walk is None:
             return None
-        adm, limits = started
-        positions = limits.positions(request, view)
-        rejection = (
-            limits.sync.admit(adm.request or limits.info(request), adm, positions)
-            if positions
-            else None
-        )
+        limits, info, adm, positions = walk
+        rejection = limits.sync.admit(info, adm, positions)
         return None if rejection is None else limits.respond(request, rejection)
 
     async def _process_view_async(
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
-        started = _started(request)
-        if started is None:
+        walk = _route_walk(request, view)
+        if walk is None:
             return None
-        adm, limits = started
-        positions = limits.positions(request, view)
-        rejection = (
-            await limits.aio.admit(adm.request or limits.info(request), adm, positions)
-            if positions
-            else None
-        )
+        limits, info, adm, positions = walk
+        rejection = await limits.aio.admit(info, adm, positions)
         return None if rejection is None else limits.respond(request, rejection)
+
+
+def _route_walk(
+    request: HttpRequest, view: Callable[..., Any]
+) -> tuple[Limits, RequestInfo, Admission, tuple[int, ...]] | None:
+    """What ``process_view`` walks: the request's limits, admission and the view's positions;
+    None when the middleware did not start the request or the view has no limits."""
+    started = _started(request)
+    if started is None:
+        return None
+    adm, limits = started
+    positions = limits.positions(request, view)
+    if not positions:
+        return None
+    return limits, adm.request or limits.info(request), adm, positions
 
 
 def ratelimit(

@@ -24,7 +24,7 @@ Plain Starlette apps have no dependencies: use ``RateLimitMiddleware`` with ``ro
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -37,9 +37,8 @@ from starlette.responses import Response
 
 from ..errors import ConfigError
 from ..middleware.asgi import ASGIApp, RateLimitMiddleware, Receive, Scope, Send
-from ..middleware.checks import ChargeWhen, CostFunc, RateFunc, RateSpec
+from ..middleware.checks import RateFunc, RateSpec
 from ..middleware.gate import SCOPE_KEY, Admission
-from ..middleware.request import KeyFunc
 from ..middleware.responses import Rejection
 from .routes import Limit, Routes
 from .settings import Settings
@@ -70,21 +69,12 @@ class RouteLimits(Shell):
     _middleware: "_Middleware | None" = None
 
     def dependency(
-        self,
-        rate: RateSpec | RateFunc,
-        *,
-        name: str | None = None,
-        key: KeyFunc | None = None,
-        cost: int | CostFunc = 1,
-        algorithm: str | None = None,
-        burst: int | None = None,
-        buckets: int | None = None,
-        methods: Iterable[str] = (),
-        charge_when: ChargeWhen | None = None,
+        self, rate: RateSpec | RateFunc, *, name: str | None = None, **options: Any
     ) -> Callable[[Request], Awaitable[None]]:
         """A limit as a dependency, e.g. ``APIRouter(dependencies=[Depends(limits.dependency(
-        "100/minute"))])``: counted per route (named ``route@dN``) unless given a ``name``."""
-        limit = Limit(rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when)
+        "100/minute"))])``: counted per route (named ``route@dN``) unless given a ``name``;
+        the options of ``limit``."""
+        limit = Limit(rate, name=name, **options)
         label = f"d{next(self.serial)}"
         positions: dict[str, int] = {}
 

@@ -118,25 +118,11 @@ class Shell:
         return self.decorator(self.table.mark(limit))
 
     def shared_limit(
-        self,
-        rate: RateSpec | RateFunc,
-        name: str,
-        *,
-        key: KeyFunc | None = None,
-        cost: int | CostFunc = 1,
-        algorithm: str | None = None,
-        burst: int | None = None,
-        buckets: int | None = None,
-        methods: Iterable[str] = (),
-        charge_when: ChargeWhen | None = None,
-        override_defaults: bool = True,
+        self, rate: RateSpec | RateFunc, name: str, **options: Any
     ) -> Callable[[F], F]:
-        """A limit named ``name``: one counter for every view it decorates."""
-        limit = Limit(
-            rate, key, name, algorithm, burst, buckets, cost, tuple(methods), charge_when,
-            override_defaults,
-        )  # fmt: skip
-        return self.decorator(self.table.mark(limit))
+        """A limit named ``name``: one counter for every view it decorates (the options of
+        ``limit``)."""
+        return self.decorator(self.table.mark(Limit(rate, name=name, **options)))
 
     def decorator(self, mark: Callable[[F], F]) -> Callable[[F], F]:
         """What ``limit`` and ``shared_limit`` return, given the decorator that marks a view:
