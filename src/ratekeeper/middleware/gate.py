@@ -213,18 +213,25 @@ class Gate:
             self.checks.append(check)
             return len(self.checks) - 1
 
+    def enter(self, request: RequestInfo, adm: Admission) -> bool:
+        """Count the request in flight (once); False if its path is exempt. What ``admit``
+        does first, and all it does when there is nothing to walk."""
+        if self._exempting and self.exempt(request.path):
+            return False
+        if not adm.entered:
+            adm.entered = True
+            with self._lock:
+                self.in_flight += 1
+        return True
+
     def admit(
         self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
     ) -> Flow:
         """Walk the checks at ``positions`` (default: ``every``) for one request, filling
         ``adm``; called again on the same admission (a route's limits after the app-wide
         checks), it goes on where the first walk left off (see the module docstring)."""
-        if self._exempting and self.exempt(request.path):
+        if not self.enter(request, adm):
             return
-        if not adm.entered:
-            adm.entered = True
-            with self._lock:
-                self.in_flight += 1
         controls = self.controls
         checks = self.checks
         for index in self.every if positions is None else positions:

@@ -157,6 +157,9 @@ class Runner(_Base):
         the rejection, if any. An error lets the request through (counted, logged)."""
         if adm.rejection is not None:
             return adm.rejection
+        if not (self.gate.every if positions is None else positions):
+            self.gate.enter(request, adm)  # nothing to walk: no flow to run
+            return None
         try:
             run(self.gate.admit(request, adm, positions), self._dispatch)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
@@ -198,6 +201,9 @@ class AsyncRunner(_Base):
         the rejection, if any. An error lets the request through (counted, logged)."""
         if adm.rejection is not None:
             return adm.rejection
+        if not (self.gate.every if positions is None else positions):
+            self.gate.enter(request, adm)  # nothing to walk: no flow to run
+            return None
         flight: list[tuple[Op, asyncio.Future[Any]]] = []
         execute: Callable[[Op], Awaitable[Any]] = self._dispatch
         if not self._inline and _on_asyncio():
