@@ -18,6 +18,7 @@ from typing import Any
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
+from ..metrics.core import Metrics
 from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
@@ -64,14 +65,22 @@ class RateLimitMiddleware:
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.store: AsyncStore = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+        )
         self.controls = self.gate.controls
-        self.limiter = AsyncLimiter(self.store, clock=clock)
+        self.limiter = AsyncLimiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+            self.gate.checks,
+            self.store,
+            clock,
+            AsyncConcurrencyLimiter,
+            AsyncFleetUsageShedder,
+            metrics,
         )
 
     async def _execute(self, op: Op) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 from ..clock import Clock
 from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
+from ..metrics.core import Metrics
 from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
@@ -67,14 +68,17 @@ class WSGIRateLimitMiddleware:
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.store: Store = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+        )
         self.controls = self.gate.controls
-        self.limiter = Limiter(self.store, clock=clock)
+        self.limiter = Limiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
+            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder, metrics
         )
 
     def _execute(self, op: Op) -> Any:

@@ -310,10 +310,10 @@ class Engine:
         )
         if lease is None:
             if spec.shadow:
-                metrics.decision(name, "shadow_rejected")
+                metrics.decision(name, "shadow_rejected", key)
                 token = lease_token(name, key, "")
                 return LeaseResult(True, token, spec.capacity, in_use, None, name, shadow=True)
-            metrics.decision(name, "rejected")
+            metrics.decision(name, "rejected", key)
             return LeaseResult(False, None, spec.capacity, in_use, None, name)
         lease_id = "" if lease.degraded else lease.id
         metrics.decision(name, "degraded" if lease.degraded else "allowed")
@@ -347,7 +347,7 @@ class Engine:
         now_ms = int(self.clock() * 1000)
         cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
         if cached is not None:
-            metrics.decision(spec.name, "shadow_rejected" if spec.shadow else "local_rejected")
+            metrics.decision(spec.name, "shadow_rejected" if spec.shadow else "local_rejected", key)
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
@@ -365,9 +365,9 @@ class Engine:
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)
         if spec.shadow:
-            metrics.decision(spec.name, "shadow_rejected")
+            metrics.decision(spec.name, "shadow_rejected", key)
             return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
-        metrics.decision(spec.name, "rejected")
+        metrics.decision(spec.name, "rejected", key)
         return Result(decision, spec.name)
 
     async def should_rate_limit(

@@ -119,6 +119,12 @@ class HttpApi:
         self.reload = reload
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
+        self.in_flight = 0
+        engine.metrics.watch_in_flight(self.requests_in_flight)
+
+    def requests_in_flight(self) -> int:
+        """HTTP requests being served now."""
+        return self.in_flight
 
     def _openapi_for(self, max_key_length: int) -> bytes:
         """The document for the running config's key length (rebuilt after a reload)."""
@@ -134,6 +140,7 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        self.in_flight += 1
         try:
             status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
@@ -145,6 +152,8 @@ class HttpApi:
         except Exception:  # a bug of ours: say so without details, and log it
             log.exception("unexpected error serving %s %s", method, path)
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
+        finally:
+            self.in_flight -= 1
         if isinstance(body, bytes):
             payload = body
         else:
