@@ -101,6 +101,10 @@ class WSGIRateLimitMiddleware:
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
 
+    def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
+        return self._execute(op)
+
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
         adm = Admission()
