@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RatekeeperError
 
 
 def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -124,7 +124,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             args.share, algorithms, args.top, not args.no_suggest,
         )  # fmt: skip
         report = replay(target, options, mode, progress_stream(args.progress))
-    except ConfigError as exc:
+    except RatekeeperError as exc:  # ConfigError, RateSpecError: they name the bad value
         print(f"ratekeeper simulate: {exc}", file=sys.stderr)
         return 2
     if args.html:
