@@ -9,6 +9,7 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/admin/reload                                                       admin
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
+    GET  /dashboard (page)   GET /dashboard/data (client)   POST /dashboard/modes (admin)
 
 ``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
 tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
+from . import dashboard
 from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
@@ -81,6 +83,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
+    Route("GET", "/dashboard", "public"),
+    Route("GET", "/dashboard/data", "client"),
+    Route("POST", "/dashboard/modes", "admin"),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
@@ -185,6 +190,13 @@ class HttpApi:
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
+        if route.path == "/dashboard":
+            return 200, dashboard.PAGE, {"content-type": "text/html; charset=utf-8"}
+        if route.path == "/dashboard/data":
+            return 200, dashboard.data(self.engine), {"cache-control": "no-store"}
+        if route.path == "/dashboard/modes":
+            req = _object(await _body(scope, receive), {"name", "mode"})
+            return 200, dashboard.set_mode(self.engine, req), {}
         if route.path == "/v1/policies":
             config = self.engine.config
             names = [*config.policies, *config.concurrency]

@@ -129,9 +129,11 @@ def _limit_section(i: int, limit: dict[str, Any]) -> str:
     )
     rates = []
     for rate in limit["rates"]:
-        peak = rate["peak"]
-        stats = " ".join(f"{k} <b>{_esc(v)}</b>" for k, v in peak.items())
         for s in rate["suggestions"]:
+            stats = " ".join(
+                f"{k} <b>{_esc('past the largest count' if v is None else v)}</b>"
+                for k, v in s["peak"].items()
+            )
             rates.append(
                 f"<h3>{_esc(rate['rate'])} · {_esc(s['algorithm'])}</h3>"
                 f"<p>peak usage per key per window: {stats}<br>suggested: "

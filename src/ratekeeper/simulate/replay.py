@@ -146,6 +146,7 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
             per_algorithm.append(
                 {
                     "algorithm": s.algorithm,
+                    "peak": _finite(quantiles(needs)),
                     "count": s.count,
                     "rate": s.rate,
                     "limited_keys": s.limited_keys,
@@ -157,11 +158,16 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
             {
                 "rate": rate.code,
                 "keys": len(demand.ids),
-                "peak": {k: (None if math.isinf(v) else v) for k, v in peak.items()},
+                "peak": _finite(peak),
                 "suggestions": per_algorithm,
             }
         )
     return out
+
+
+def _finite(values: dict[str, float]) -> dict[str, int | None]:
+    """Quantiles as JSON: whole counts, None past the largest count the algorithm takes."""
+    return {k: (None if math.isinf(v) else int(v)) for k, v in values.items()}
 
 
 def _histogram(needs: list[float]) -> list[list[float | None]]:
