@@ -41,6 +41,9 @@ _COMBINED = re.compile(
     r'(\S+) \S+ (\S+) \[([^\]]+)\] "(\S+) (\S+)(?: (\S+))?" (\d{3}) (\S+)'
     r'(?: "([^"]*)" "([^"]*)")?'
 )
+_NAMES = ("ip", "user", "time", "method", "path", "protocol", "status", "bytes", "referer",
+          "user_agent")  # fmt: skip
+"""The combined format's groups, in order."""
 SAMPLES = 5
 
 
@@ -150,7 +153,8 @@ class LogReader:
         self.time = TimeParser()
 
     def read(self, stream: IO[bytes]) -> Iterator[Entry]:
-        """Entries of ``stream`` in file order; bad lines go to ``stats``."""
+        """Entries of ``stream`` in file order; bad lines go to ``stats``. (Not a generator
+        itself: it returns the format's own, one layer less per line.)"""
         text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
         stats = self.stats
         first = ""
@@ -160,7 +164,7 @@ class LogReader:
             if first.strip():
                 break
         if not first.strip():
-            return
+            return iter(())
         fmt = self.fmt
         if fmt == "auto":
             if first.lstrip().startswith("{"):
@@ -170,11 +174,10 @@ class LogReader:
         if fmt == "combined":
             stats.lines -= 1
             stats.bytes_read -= len(first)
-            yield from self._combined(_chain(first, text))
-        elif fmt == "jsonl":
-            yield from self._jsonl(first, self._count(text))
-        else:
-            yield from self._csv(first, self._count(text))
+            return self._combined(_chain(first, text))
+        if fmt == "jsonl":
+            return self._jsonl(first, self._count(text))
+        return self._csv(first, self._count(text))
 
     def _count(self, lines: Iterator[str]) -> Iterator[str]:
         stats = self.stats
@@ -200,20 +203,15 @@ class LogReader:
                     if line.strip():
                         stats.bad(n, line.rstrip("\n"), "not in combined log format")
                     continue
-                ip, user, when, method, path, proto, status, bytes_, referer, agent = m.groups()
+                fields = dict(zip(_NAMES, m.groups(""), strict=True))
                 try:
-                    t = parse_time(when)
+                    t = parse_time(fields.pop("time"))
                 except ValueError:
-                    why = f"time {when!r} is not [dd/Mon/yyyy:HH:MM:SS +zone]"
+                    why = f"time {m.group(3)!r} is not [dd/Mon/yyyy:HH:MM:SS +zone]"
                     stats.bad(n, line.rstrip("\n"), why)
                     continue
-                fields = {
-                    "ip": ip, "method": method, "path": path, "status": status,
-                    "bytes": bytes_, "protocol": proto or "", "referer": referer or "",
-                    "user_agent": agent or "",
-                }  # fmt: skip
-                if user != "-":
-                    fields["user"] = user
+                if fields["user"] == "-":
+                    del fields["user"]
                 parsed += 1
                 if not n & 0xFFF:  # the progress bar reads these
                     stats.lines, stats.bytes_read = n, size

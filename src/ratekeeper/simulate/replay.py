@@ -99,6 +99,9 @@ class Report:
 def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = None) -> Report:
     """Run every log through ``target`` (a ``ChecksTarget`` or ``ServiceTarget``)."""
     clock: ManualClock = target.clock
+    if options.suggest:
+        for stats in target.limits.values():
+            stats.track_demand()
     reader = LogReader(options.fmt, options.time_field, options.aliases)
     started = time.perf_counter()
     first = last = None

@@ -31,9 +31,12 @@ class LimitStats:
     timeline: dict[int, list[int]] = field(default_factory=dict)
     """Minute (epoch s // 60) -> [requests, would-reject]."""
     demand: list[Demand] = field(default_factory=list)
-    """One per rate of the stack."""
+    """One per rate of the stack (none when no suggestions are asked for)."""
+    keys: set[str] = field(default_factory=set)
+    """Distinct keys seen, when there is no demand to hold them."""
 
-    def __post_init__(self) -> None:
+    def track_demand(self) -> None:
+        """Keep every request's key, time and cost for the per-key needs (suggestions)."""
         self.demand = [Demand(r.period_ms) for r in self.rates]
 
     @property
@@ -58,12 +61,15 @@ class LimitStats:
 
     def wanted(self, key: str, now_ms: int, cost: int) -> None:
         """A request this limit applies to, whatever was decided (its demand)."""
+        if not self.demand:
+            self.keys.add(key)
+            return
         for d in self.demand:
             d.add(key, now_ms, cost)
 
     @property
     def keys_seen(self) -> int:
-        return len(self.demand[0].ids) if self.demand else 0
+        return len(self.demand[0].ids) if self.demand else len(self.keys)
 
 
 class Recorder(Metrics):

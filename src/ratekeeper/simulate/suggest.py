@@ -51,7 +51,6 @@ class Demand:
         self.totals: list[int] = []
         self._buffer = array("q")
         self._spool = tempfile.TemporaryFile()  # noqa: SIM115  # closed in close()
-        self.events = 0
 
     def add(self, key: str, now_ms: int, cost: int) -> None:
         """One request of ``key``."""
@@ -61,10 +60,7 @@ class Demand:
             self.totals.append(0)
         self.totals[kid] += cost
         buf = self._buffer
-        buf.append(kid)
-        buf.append(now_ms)
-        buf.append(cost)
-        self.events += 1
+        buf.extend((kid, now_ms, cost))
         if len(buf) >= CHUNK:
             self._spool.write(buf.tobytes())
             del buf[:]
