@@ -70,8 +70,9 @@ BREAKER_STATE = MetricSpec(
     ("store", "shard", "kind"), combine="max",
 )  # fmt: skip
 IN_FLIGHT = MetricSpec(
-    "ratekeeper_in_flight_requests", "gauge", "Requests in progress.", unit="{request}"
-)
+    "ratekeeper_in_flight_requests", "gauge", "Requests in progress.", unit="{request}",
+    recorded_by="middleware, service",
+)  # fmt: skip
 SHED_DROP = MetricSpec(
     "ratekeeper_shed_drop_probability", "gauge",
     "Worker-utilization shedder: chance a request of the tier is shed now.",
