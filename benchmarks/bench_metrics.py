@@ -97,7 +97,8 @@ def main() -> None:
     groups = [
         ("Limiter.hit", [("off", limiter_run(None)), ("Metrics()", limiter_run(Metrics())),
                          ("Metrics() + Prometheus + OTel", limiter_run(exported()))]),
-        ("WSGI middleware", [("off", middleware_run(None)), ("Metrics()", middleware_run(Metrics()))]),
+        ("WSGI middleware", [("off", middleware_run(None)),
+                             ("Metrics()", middleware_run(Metrics()))]),
     ]  # fmt: skip
     middleware_calls = ks[: max(1000, args.calls // 4)]
     for title, variants in groups:

@@ -22,7 +22,7 @@ def test_the_table_lists_every_metric_with_its_labels() -> None:
     }
     assert set(rows) == {s.exposed for s in METRICS}
     for s in METRICS:
-        assert rows[s.exposed].strip() == (", ".join(f"`{x}`" for x in s.labels) or "–")
+        assert rows[s.exposed].strip() == (", ".join(f"`{x}`" for x in s.labels) or "\N{EN DASH}")
 
 
 def test_the_examples_run(tmp_path: Path) -> None:
