@@ -103,6 +103,10 @@ class RateLimitMiddleware:
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return await holder.release(op.lease)
 
+    async def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (the WSGI twin serves ``simulate``)."""
+        return await self._execute(op)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
