@@ -8,8 +8,8 @@
 - ``CandidatesTarget``: limits given on the command line (``--limit name=rate``), each keyed by
   one field and decided by ``Limiter.hit`` on every request — the call the middleware and the
   service make for one rate check — side by side, so candidates can be compared.
-- ``ServiceTarget``: the service's ``Engine`` (policies, Envoy domains, shadow and over-limit
-  cache included) over an ``AsyncLimiter`` on a ``MemoryStore``; policy keys and descriptor
+- ``ServiceTarget``: the service's ``Engine`` and its Envoy front (policies, Envoy domains
+  with upstream's semantics, shadow and over-limit cache included) over an ``AsyncLimiter`` on a ``MemoryStore``; policy keys and descriptor
   entries come from log fields. Its coroutines never wait on a memory store, so each is run to
   completion with one ``send`` instead of an event loop.
 """
@@ -148,9 +148,11 @@ class ServiceTarget:
     ) -> None:
         from ..limiter import AsyncLimiter
         from ..service.engine import Engine, envoy_key
+        from ..service.envoy import Descriptor, Envoy
         from ..service.metrics import Metrics as ServiceMetrics
 
         self._envoy_key = envoy_key
+        self._descriptor = Descriptor
         for name in keys:
             if name not in config.policies:
                 raise ConfigError(f"--key {name}=...: no rate policy {name!r} in the config")
@@ -179,7 +181,9 @@ class ServiceTarget:
                     stats.decided(outcome, key, clock())
 
         limiter = AsyncLimiter(MemoryStore(max_keys=UNBOUNDED), clock=clock)
-        self.engine = Engine(config, limiter, _Recording(), clock)
+        metrics = _Recording()
+        self.engine = Engine(config, limiter, metrics, clock)
+        self.envoy = Envoy(self.engine, metrics.envoy)
 
     def decide(self, entry: Entry, now_ms: int) -> None:
         fields = entry.fields
@@ -193,11 +197,12 @@ class ServiceTarget:
             entries = tuple((k, fields[f]) for k, f in mapping if fields.get(f))
             if not entries:
                 continue
-            results = _complete(engine.should_rate_limit(domain, [entries], 1))
-            for r in results:
-                if r.result is not None and r.result.policy in self.limits:
+            answer = _complete(self.envoy.should_rate_limit(domain, [self._descriptor(entries)], 1))
+            for status in answer.statuses:
+                result = status.result
+                if result is not None and result.policy in self.limits:
                     key = self._envoy_key(domain, entries)
-                    self.limits[r.result.policy].wanted(key, now_ms, 1)
+                    self.limits[result.policy].wanted(key, now_ms, 1)
 
 
 def _complete(coro: Coroutine[Any, Any, Any]) -> Any:
