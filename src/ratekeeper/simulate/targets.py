@@ -10,8 +10,9 @@
   service make for one rate check — side by side, so candidates can be compared.
 - ``ServiceTarget``: the service's ``Engine`` and its Envoy front (policies, Envoy domains
   with upstream's semantics, shadow and over-limit cache included) over an ``AsyncLimiter``
-  on a ``MemoryStore``; policy keys and descriptor entries come from log fields. Its coroutines never wait on a memory store, so each is run to
-  completion with one ``send`` instead of an event loop.
+  on a ``MemoryStore``; policy keys and descriptor entries come from log fields. Its
+  coroutines never wait on a memory store, so each is run to completion with one ``send``
+  instead of an event loop.
 """
 
 from __future__ import annotations
