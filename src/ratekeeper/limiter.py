@@ -11,6 +11,10 @@ failures in a row the breaker opens and the store is not called for a cool-down 
 the first call after the cool-down is the one trial, and its success closes the breaker (see
 ``breaker``). A ``Partitioned`` store (sharded Redis) gets one breaker per partition.
 
+Two clocks: ``clock`` (epoch seconds) decides limits; ``monotonic`` (``time.monotonic``) times
+the breaker's cool-downs and the failure log's interval, so a frozen or replayed rate clock
+never freezes recovery. Tests inject each separately.
+
 Metrics (``metrics=``, a ``ratekeeper.metrics.Metrics``): each decision is counted under its
 rates (``policy="100/1m"``) unless ``count_decisions=False`` (the middleware and the service
 count under their own names), store calls are timed and their errors counted (the in-process
@@ -44,7 +48,7 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncStore, LocalStore, Partitioned, Store
+from .stores.base import AsyncPingable, AsyncStore, LocalStore, Partitioned, Pingable, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -61,9 +65,13 @@ class _Core:
         breaker_threshold: int,
         breaker_cooldown: float,
         breaker_max_cooldown: float,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if not callable(monotonic):
+            raise ConfigError(f"monotonic={monotonic!r} is not callable; expected time.monotonic")
+        self.monotonic = monotonic
         self._breaker_settings = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._breakers: dict[int, Breaker] = {0: Breaker(*self._breaker_settings)}  # validates
         self.partition: Callable[[Plan], int] | None = None
@@ -181,7 +189,7 @@ class _Core:
 
     def admit(self, plan: Plan, breaker: Breaker) -> bool:
         """Whether ``plan`` may reach the store past an open ``breaker`` (counts the skips)."""
-        if breaker.allow(plan.now_ms / 1000):
+        if breaker.allow(self.monotonic()):
             return True
         self.counts["breaker_skips"] += 1
         return False
@@ -196,7 +204,7 @@ class _Core:
             if self.metrics is not None:
                 self.metrics.store_latency.observe(time.perf_counter() - start)
                 self.metrics.store_errors.inc()
-            now = plan.now_ms / 1000
+            now = self.monotonic()
             if breaker is not None and breaker.failed(now):
                 self.counts["breaker_opened"] += 1
             if now - self._last_log >= 10.0:
@@ -283,9 +291,10 @@ class _Base:
         breaker_threshold: int = 3,
         breaker_cooldown: float = 0.5,
         breaker_max_cooldown: float = 30.0,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self._core = _Core(
-            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown
+            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown, monotonic
         )
 
     def _observe(self, store: object, metrics: Metrics | None, count_decisions: bool) -> None:
@@ -337,6 +346,13 @@ class Limiter(_Base):
         self.store = store
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+
+    def check(self) -> None:
+        """Check the store answers — at startup: building a Redis store connects to nothing,
+        so a wrong address would otherwise only show as degraded decisions. Raises
+        ``StoreUnavailable`` naming the store's address (never its password)."""
+        if isinstance(self.store, Pingable):
+            self.store.ping()
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
@@ -464,6 +480,11 @@ class AsyncLimiter(_Base):
         self.store = store
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+
+    async def check(self) -> None:
+        """See ``Limiter.check``."""
+        if isinstance(self.store, AsyncPingable):
+            await self.store.ping_async()
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core

@@ -12,10 +12,15 @@ Rules:
   and never adds headers;
 - any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+  the first store failure of the process is logged at ERROR, naming the store's address
+  (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
 - a response whose status is in ``refund_statuses`` (default: 304) is refunded;
+- an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
+  shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
+  granted when the driver could wait for it, is refunded and released;
 - with ``metrics``, every count above is also a decision of the check's name in
   ``ratekeeper_decisions`` (``failed_open`` as ``degraded``, ``skipped`` as ``disabled``), a
   rejection's key feeds the top-keys sketch, and requests in flight and the worker shedders'
@@ -33,7 +38,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..limiter import store_name
 from ..metrics.core import Metrics
 from ..shedding import WorkerUtilizationShedder
@@ -83,8 +88,17 @@ class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
     __slots__ = (
-        "best", "charged", "done", "entered", "headers", "key", "leases", "rejection", "tier",
-    )  # fmt: skip
+        "aborted",
+        "best",
+        "charged",
+        "done",
+        "entered",
+        "headers",
+        "key",
+        "leases",
+        "rejection",
+        "tier",
+    )
 
     def __init__(self) -> None:
         self.tier: str | None = None
@@ -95,6 +109,7 @@ class Admission:
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+        self.aborted = False
         self.key: str | None = None
         """The caller key of the check being walked (for the top-keys sketch)."""
 
@@ -148,6 +163,9 @@ class Gate:
         }
         self._last_log = -1e18
         self._unlogged = 0
+        self.store_label = "(the store)"
+        """How the first store failure's ERROR names the store: the middleware sets its repr."""
+        self._store_reported = False
         self.metrics = metrics
         if metrics is not None:
             metrics.watch_in_flight(self.requests_in_flight)
@@ -269,12 +287,27 @@ class Gate:
                 self.in_flight -= 1
         ops = []
         if adm.charged and (
-            adm.rejection is not None or (status is not None and status in self.refund_statuses)
+            adm.rejection is not None
+            or adm.aborted
+            or (status is not None and status in self.refund_statuses)
         ):
             ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
+        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
+        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
+        unknown): a charge or lease it granted is given back too."""
+        if op is not None and result is not None and not isinstance(result, Failure):
+            if op.kind == "hit" and isinstance(result, Decision):
+                if result.allowed and not result.degraded:
+                    adm.charged.append((op.position, op.key, op.cost))
+            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
+                adm.leases.append((op.position, result))
+        adm.aborted = True
+        return self.finish(adm, None)
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
@@ -284,6 +317,15 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.count(name, "failed_open")
+        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+            self._store_reported = True
+            log.error(
+                "ratekeeper check %r: store %s does not answer (%s); requests go through "
+                "unchecked (fail open) until it does, later failures are logged as warnings",
+                name,
+                self.store_label,
+                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+            )
         if isinstance(exc, _Degraded):
             return
         self._unlogged += 1

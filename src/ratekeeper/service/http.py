@@ -45,6 +45,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY = 64 * 1024
+CONCURRENCY_RETRY_AFTER = 1
+"""``Retry-After`` seconds of a full concurrency policy's 429: a slot frees when any request of
+the key ends, which no one can predict; one second keeps retrying clients from spinning."""
 MAX_COST = 2**31 - 1
 OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
@@ -207,7 +210,9 @@ class HttpApi:
             if "key" not in req:
                 raise BadRequest("key", "key is missing; expected a non-empty string")
             lease = await self.engine.acquire(spec, self.engine.check_key(req["key"]))
-            return (200 if lease.acquired else 429), _lease_json(lease), {}
+            if lease.acquired:
+                return 200, _lease_json(lease), {}
+            return 429, _lease_json(lease), {"Retry-After": str(CONCURRENCY_RETRY_AFTER)}
         if route.path == "/v1/concurrency/release":
             req = _object(await _body(scope, receive), {"lease"})
             if "lease" not in req:
@@ -380,9 +385,9 @@ def _lease_json(lease: LeaseResult) -> dict[str, Any]:
     }
     if not lease.acquired:
         out["error"] = "concurrency_limited"
-        out["message"] = (
-            f"{lease.limit} requests of this key are already in progress under "
-            f"{lease.policy!r}; retry when one of them has finished"
+        out["message"] = (  # "secondary rate limit": GitHub's clients back off on it
+            f"You have exceeded a secondary rate limit: {lease.limit} requests of this key are "
+            f"already in progress under {lease.policy!r}; retry when one of them has finished"
         )
     return out
 

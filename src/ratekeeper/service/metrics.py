@@ -107,10 +107,10 @@ class InstrumentedLeases:
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         start = time.perf_counter()
         try:
-            return await self.inner.release_lease_async(key, lease_id)
+            return await self.inner.release_lease_async(key, lease_id, now_ms)
         except Exception:
             self.metrics.store_errors.inc()
             raise
