@@ -24,6 +24,7 @@ from typing import Any
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
+from ..metrics.core import Metrics
 from ..shedding import AsyncFleetUsageShedder
 from ..stores.base import AsyncStore, LocalStore
 from ..stores.memory import MemoryStore
@@ -81,16 +82,24 @@ class RateLimitMiddleware:
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+        )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
-        self.limiter = AsyncLimiter(self.store, clock=clock)
+        self.limiter = AsyncLimiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+            self.gate.checks,
+            self.store,
+            clock,
+            AsyncConcurrencyLimiter,
+            AsyncFleetUsageShedder,
+            metrics,
         )
         self._inline = isinstance(self.store, LocalStore)
 
@@ -113,6 +122,10 @@ class RateLimitMiddleware:
             return await self._fleets[op.position].admit(op.critical)
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return await holder.release(op.lease)
+
+    async def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (the WSGI twin serves ``simulate``)."""
+        return await self._execute(op)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -20,7 +20,11 @@ Rules:
 - a response whose status is in ``refund_statuses`` (default: 304) is refunded;
 - an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
   shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
-  granted when the driver could wait for it, is refunded and released.
+  granted when the driver could wait for it, is refunded and released;
+- with ``metrics``, every count above is also a decision of the check's name in
+  ``ratekeeper_decisions`` (``failed_open`` as ``degraded``, ``skipped`` as ``disabled``), a
+  rejection's key feeds the top-keys sketch, and requests in flight and the worker shedders'
+  drop probabilities are watched.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
+from ..limiter import store_name
+from ..metrics.core import Metrics
 from ..shedding import WorkerUtilizationShedder
 from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
@@ -50,6 +56,14 @@ from .responses import (
 log = logging.getLogger("ratekeeper")
 
 Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+OUTCOME = {
+    "allowed": "allowed",
+    "rejected": "rejected",
+    "shadow_rejected": "shadow_rejected",
+    "failed_open": "degraded",
+    "skipped": "disabled",
+}
+"""A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
 class Op(NamedTuple):
@@ -80,6 +94,7 @@ class Admission:
         "done",
         "entered",
         "headers",
+        "key",
         "leases",
         "rejection",
         "tier",
@@ -95,6 +110,8 @@ class Admission:
         self.entered = False
         self.done = False
         self.aborted = False
+        self.key: str | None = None
+        """The caller key of the check being walked (for the top-keys sketch)."""
 
 
 class _Degraded(Exception):
@@ -116,6 +133,7 @@ class Gate:
         refund_statuses: Iterable[int],
         clock: Clock,
         log_interval: float,
+        metrics: Metrics | None = None,
     ) -> None:
         if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
             checks = [checks]
@@ -148,6 +166,21 @@ class Gate:
         self.store_label = "(the store)"
         """How the first store failure's ERROR names the store: the middleware sets its repr."""
         self._store_reported = False
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.watch_in_flight(self.requests_in_flight)
+            for i, shedder in self._shedders.items():
+                metrics.watch_shedder(self.checks[i].name, shedder)
+
+    def requests_in_flight(self) -> int:
+        """Requests between ``admit`` and ``finish`` now."""
+        return self.in_flight
+
+    def count(self, name: str, what: str, key: str | None = None) -> None:
+        """Count one verdict of check ``name`` in the controls and the metrics."""
+        self.controls.count(name, what)
+        if self.metrics is not None:
+            self.metrics.decision(name, OUTCOME[what], key)
 
     def admit(self, request: RequestInfo, adm: Admission) -> Flow:
         """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
@@ -161,21 +194,22 @@ class Gate:
             name = check.name
             mode = controls.mode(name)
             if mode == "off":
-                controls.count(name, "skipped")
+                self.count(name, "skipped")
                 continue
+            adm.key = None
             try:
                 verdict = yield from self._check(index, check, request, adm, mode)
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
             if verdict is True:
-                controls.count(name, "allowed")
+                self.count(name, "allowed")
             elif verdict is False:
                 continue
             elif mode == "shadow":
-                controls.count(name, "shadow_rejected")
+                self.count(name, "shadow_rejected", adm.key)
             else:
-                controls.count(name, "rejected")
+                self.count(name, "rejected", adm.key)
                 adm.rejection = verdict
                 return
         if adm.best is not None:
@@ -191,6 +225,7 @@ class Gate:
             key = check.key(request)
             if key is None:
                 return False
+            adm.key = key
             key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
                 lease = _unwrap((yield Op("acquire", index, key)))
@@ -281,7 +316,7 @@ class Gate:
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
-            self.controls.count(name, "failed_open")
+            self.count(name, "failed_open")
         if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
             self._store_reported = True
             log.error(
@@ -351,9 +386,11 @@ def split_checks(
     clock: Clock,
     lease_class: Callable[..., _Lease],
     fleet_class: Callable[..., _Fleet],
+    metrics: Metrics | None = None,
 ) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
     """Index checks by position: rate configs, and one limiter per lease-based check, built on
-    ``store`` (also a lease store when such checks exist; the limiters check that).
+    ``store`` (also a lease store when such checks exist; the limiters check that), whose
+    breakers ``metrics`` watches.
 
     The ASGI and WSGI middleware pass their async or sync classes, whose constructors match.
     """
@@ -369,4 +406,8 @@ def split_checks(
             fleets[i] = fleet_class(
                 store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
             )
+    if metrics is not None:
+        holders: list[Any] = [*leases.values(), *(f.limiter for f in fleets.values())]  # type: ignore[attr-defined]  # both shedder classes have .limiter
+        for holder in holders:
+            metrics.watch_breakers(holder.breaker_states, store_name(store), "lease")
     return rates, leases, fleets

@@ -19,6 +19,7 @@ from typing import Any
 from ..clock import Clock
 from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
+from ..metrics.core import Metrics
 from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
@@ -83,16 +84,19 @@ class WSGIRateLimitMiddleware:
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+        )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
-        self.limiter = Limiter(self.store, clock=clock)
+        self.limiter = Limiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
+            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder, metrics
         )
 
     def _execute(self, op: Op) -> Any:
@@ -114,6 +118,10 @@ class WSGIRateLimitMiddleware:
             return self._fleets[op.position].admit(op.critical)
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
+
+    def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
+        return self._execute(op)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
