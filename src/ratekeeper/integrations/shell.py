@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..clock import Clock
+from ..metrics.core import Metrics
 from ..middleware.checks import ChargeWhen, Check, Controls, CostFunc, RateFunc, RateSpec
 from ..middleware.request import KeyFunc, PriorityFunc, client_ip
 from .routes import Limit, RouteTable, as_limits
@@ -38,8 +39,9 @@ class Shell:
     checks run before routing for every request (load shedding, concurrency); ``exempt``:
     paths no check sees; ``charge_when(status)``: which responses are charged (default: all
     but 304); ``on_breach``: builds the response to a rejection (the framework says with what
-    arguments). ``store``, ``clock``, ``controls``, ``priority`` and ``log_interval`` are
-    ``RateLimitMiddleware``'s. ``None`` means: from the framework's settings, else the default.
+    arguments). ``store``, ``clock``, ``controls``, ``priority``, ``log_interval`` and
+    ``metrics`` are ``RateLimitMiddleware``'s. ``None`` means: from the framework's settings,
+    else the default.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Shell:
         charge_when: ChargeWhen | None = None,
         on_breach: Callable[..., Any] | None = None,
         log_interval: float = 60.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.table = RouteTable()
         self.on_breach = on_breach
@@ -78,6 +81,7 @@ class Shell:
             "priority": priority,
             "charge_when": charge_when,
             "log_interval": log_interval,
+            "metrics": metrics,
         }
 
     def resolve(self, settings: Settings) -> Resolved:

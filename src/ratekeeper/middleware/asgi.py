@@ -23,10 +23,11 @@ from typing import Any
 
 from ..clock import Clock
 from ..limiter import AsyncLimiter
+from ..metrics.core import Metrics
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import SCOPE_KEY, Admission, Gate, added_headers
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_scope, trusted_networks
 from .responses import Rejection
 from .runner import AsyncRunner
@@ -74,17 +75,30 @@ class RateLimitMiddleware:
         charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(
-            checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
         self.runner = AsyncRunner(self.gate, self.store, clock)
         self.limiter: AsyncLimiter = self.runner.limiter
+
+    async def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (the WSGI twin serves ``simulate``)."""
+        return await self.runner.execute(op)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -24,7 +24,11 @@ Rules:
   the same admission, so one request has one set of headers and one rule for giving back.
 - an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
   shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
-  granted when the driver could wait for it, is refunded and released.
+  granted when the driver could wait for it, is refunded and released;
+- with ``metrics``, every count above is also a decision of the check's name in
+  ``ratekeeper_decisions`` (``failed_open`` as ``degraded``, ``skipped`` as ``disabled``), a
+  rejection's key feeds the top-keys sketch, and requests in flight and the worker shedders'
+  drop probabilities are watched.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
+from ..metrics.core import Metrics
 from ..shedding import WorkerUtilizationShedder
 from .checks import (
     ChargeWhen,
@@ -62,6 +67,14 @@ from .responses import (
 log = logging.getLogger("ratekeeper")
 
 Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+OUTCOME = {
+    "allowed": "allowed",
+    "rejected": "rejected",
+    "shadow_rejected": "shadow_rejected",
+    "failed_open": "degraded",
+    "skipped": "disabled",
+}
+"""A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
 class Op(NamedTuple):
@@ -102,6 +115,7 @@ class Admission:
         "done",
         "entered",
         "headers",
+        "key",
         "leases",
         "rejection",
         "request",
@@ -119,6 +133,8 @@ class Admission:
         self.entered = False
         self.done = False
         self.aborted = False
+        self.key: str | None = None
+        """The caller key of the check being walked (for the top-keys sketch)."""
 
 
 _BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
@@ -154,6 +170,7 @@ class Gate:
         clock: Clock,
         log_interval: float,
         charge_when: ChargeWhen | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
             checks = [checks]
@@ -180,6 +197,7 @@ class Gate:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._shedders: dict[int, WorkerUtilizationShedder] = {}
+        self.metrics = metrics
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -189,6 +207,18 @@ class Gate:
         self.store_label = "(the store)"
         """How the first store failure's ERROR names the store: the middleware sets its repr."""
         self._store_reported = False
+        if metrics is not None:
+            metrics.watch_in_flight(self.requests_in_flight)
+
+    def requests_in_flight(self) -> int:
+        """Requests between ``admit`` and ``finish`` now."""
+        return self.in_flight
+
+    def count(self, name: str, what: str, key: str | None = None) -> None:
+        """Count one verdict of check ``name`` in the controls and the metrics."""
+        self.controls.count(name, what)
+        if self.metrics is not None:
+            self.metrics.decision(name, OUTCOME[what], key)
 
     def add(self, check: Check) -> int:
         """Register ``check`` and return its position; the same check again keeps its position
@@ -210,6 +240,8 @@ class Gate:
             if isinstance(check, WorkerCheck):
                 shedder = check.shedder or WorkerUtilizationShedder(clock=self.clock)
                 self._shedders[len(self.checks)] = shedder
+                if self.metrics is not None:
+                    self.metrics.watch_shedder(check.name, shedder)
             self.checks.append(check)
             return len(self.checks) - 1
 
@@ -239,21 +271,22 @@ class Gate:
             name = check.name
             mode = controls.mode(name)
             if mode == "off":
-                controls.count(name, "skipped")
+                self.count(name, "skipped")
                 continue
+            adm.key = None
             try:
                 verdict = yield from self._check(index, check, request, adm, mode)
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
             if verdict is True:
-                controls.count(name, "allowed")
+                self.count(name, "allowed")
             elif verdict is False:
                 continue
             elif mode == "shadow":
-                controls.count(name, "shadow_rejected")
+                self.count(name, "shadow_rejected", adm.key)
             else:
-                controls.count(name, "rejected")
+                self.count(name, "rejected", adm.key)
                 adm.rejection = verdict
                 return
         if adm.best is not None:
@@ -269,6 +302,7 @@ class Gate:
             key = check.key(request)
             if key is None:
                 return False
+            adm.key = key
             key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
                 lease = _unwrap((yield Op("acquire", index, key)))
@@ -375,7 +409,7 @@ class Gate:
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
-            self.controls.count(name, "failed_open")
+            self.count(name, "failed_open")
         if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
             self._store_reported = True
             log.error(

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
-from ..limiter import AsyncLimiter, Limiter
+from ..limiter import AsyncLimiter, Limiter, store_name
+from ..metrics.core import Metrics
 from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
@@ -55,6 +56,7 @@ def split_checks(
     clock: Clock,
     lease_class: Callable[..., _Lease],
     fleet_class: Callable[..., _Fleet],
+    metrics: Metrics | None = None,
 ) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
     """Index checks by position: rate configs, and one limiter per lease-based check, built on
     ``store`` (also a lease store when such checks exist; the limiters check that).
@@ -62,8 +64,13 @@ def split_checks(
     ``checks`` is the gate's live list: the maps look a position up there on first use, so a
     check added after the middleware was built works too. The checks present now are built at
     once, so a store that cannot hold leases fails at startup. The two runners pass their
-    async or sync classes, whose constructors match.
+    async or sync classes, whose constructors match. ``metrics`` watches the lease limiters'
+    breakers.
     """
+
+    def watch(limiter: Any) -> None:
+        if metrics is not None:
+            metrics.watch_breakers(limiter.breaker_states, store_name(store), "lease")
 
     def rate(position: int) -> RateCheck:
         c = checks[position]
@@ -75,15 +82,19 @@ def split_checks(
         c = checks[position]
         if not isinstance(c, ConcurrencyCheck):
             raise KeyError(position)
-        return lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+        limiter = lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+        watch(limiter)
+        return limiter
 
     def fleet(position: int) -> _Fleet:
         c = checks[position]
         if not isinstance(c, FleetCheck):
             raise KeyError(position)
-        return fleet_class(
+        shedder = fleet_class(
             store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
         )
+        watch(getattr(shedder, "limiter", None))  # both shedder classes have one
+        return shedder
 
     rates, leases, fleets = _ByPosition(rate), _ByPosition(lease), _ByPosition(fleet)
     for i, c in enumerate(checks):  # now: a store that cannot hold leases fails at startup
@@ -108,9 +119,10 @@ class _Base:
     ) -> None:
         self.gate = gate
         self.store = store
-        self.limiter = limiter_class(store, clock=clock)
+        metrics = gate.metrics  # the gate counts decisions: the limiter only times store calls
+        self.limiter = limiter_class(store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            gate.checks, store, clock, lease_class, fleet_class
+            gate.checks, store, clock, lease_class, fleet_class, metrics
         )
 
     def _ending(self, adm: Admission, status: int | None) -> list[Op]:

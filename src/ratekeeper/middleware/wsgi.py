@@ -22,10 +22,11 @@ from typing import Any
 
 from ..clock import Clock
 from ..limiter import Limiter
+from ..metrics.core import Metrics
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from .checks import ChargeWhen, Check, Controls
-from .gate import SCOPE_KEY, Admission, Gate, added_headers
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_environ, trusted_networks
 from .responses import Rejection
 from .runner import Runner
@@ -88,17 +89,30 @@ class WSGIRateLimitMiddleware:
         charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(
-            checks, controls, exempt, priority, refund_statuses, clock, log_interval, charge_when
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
         self.runner = Runner(self.gate, self.store, clock)
         self.limiter: Limiter = self.runner.limiter
+
+    def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
+        return self.runner.execute(op)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
