@@ -198,6 +198,10 @@ class _Base:
         """Seconds after which an unreleased lease expires."""
         return self._core.lease_ttl
 
+    def breaker_states(self) -> dict[str, str]:
+        """Each store partition's breaker: ``closed``, ``failing`` or ``open``."""
+        return {str(p): b.state for p, b in sorted(self._core._breakers.items())}
+
     def stats(self) -> dict[str, Any]:
         """Counters (``acquired``, ``rejected``, ``released``, ``degraded``, ``errors``,
         ``breaker_opened``, ``breaker_skips``) and ``breaker``/``breakers_open``."""

@@ -301,10 +301,10 @@ class Engine:
         )
         if lease is None:
             if spec.shadow:
-                metrics.decision(name, "shadow_rejected")
+                metrics.decision(name, "shadow_rejected", key)
                 token = lease_token(name, key, "")
                 return LeaseResult(True, token, spec.capacity, in_use, None, name, shadow=True)
-            metrics.decision(name, "rejected")
+            metrics.decision(name, "rejected", key)
             return LeaseResult(False, None, spec.capacity, in_use, None, name)
         lease_id = "" if lease.degraded else lease.id
         metrics.decision(name, "degraded" if lease.degraded else "allowed")
@@ -347,7 +347,7 @@ class Engine:
         if self.cache._entries and self.config.local_cache:  # a dict: empty is the usual case
             cached = self.cache.get(spec.name, key, cost, int(self.clock() * 1000))
         if cached is not None:
-            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected")
+            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected", key)
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
@@ -356,10 +356,8 @@ class Engine:
         decision = (
             await self.limiter.decide(kind, stored, spec.policy, cost) if local is None else local
         )
-        if decision.allowed and not decision.degraded:  # the common answer, without calls
-            counts = metrics.decisions.counts
-            k = (label, "allowed")
-            counts[k] = counts.get(k, 0) + 1
+        if decision.allowed and not decision.degraded:  # the common answer
+            metrics.decision(label, "allowed")
             return _result((decision, spec.name, False, False))
         if decision.degraded:
             metrics.decision(label, "degraded")
@@ -367,9 +365,9 @@ class Engine:
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)
         if spec.shadow:
-            metrics.decision(label, "shadow_rejected")
+            metrics.decision(label, "shadow_rejected", key)
             return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
-        metrics.decision(label, "rejected")
+        metrics.decision(label, "rejected", key)
         return Result(decision, spec.name)
 
 

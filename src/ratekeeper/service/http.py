@@ -9,6 +9,7 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/admin/reload                                                       admin
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
+    GET  /dashboard (page)   GET /dashboard/data (client)   POST /dashboard/modes (admin)
 
 ``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
 tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
@@ -36,6 +37,7 @@ from typing import Any
 
 from ..decision import HEADER_NAMES
 from ..errors import BadRequest
+from . import dashboard
 from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
@@ -80,6 +82,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
+    Route("GET", "/dashboard", "public"),
+    Route("GET", "/dashboard/data", "client"),
+    Route("POST", "/dashboard/modes", "admin"),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
@@ -121,6 +126,12 @@ class HttpApi:
         self.reload = reload
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
+        self.in_flight = 0
+        engine.metrics.watch_in_flight(self.requests_in_flight)
+
+    def requests_in_flight(self) -> int:
+        """HTTP requests being served now."""
+        return self.in_flight
 
     def _openapi_for(self, max_key_length: int) -> bytes:
         """The document for the running config's key length (rebuilt after a reload)."""
@@ -136,6 +147,7 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        self.in_flight += 1
         try:
             if path in _DECIDE and method == "POST":  # the hot routes, without the router
                 auth = self.engine.config.auth
@@ -158,6 +170,8 @@ class HttpApi:
         except Exception:  # a bug of ours: say so without details, and log it
             log.exception("unexpected error serving %s %s", method, path)
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
+        finally:
+            self.in_flight -= 1
         if isinstance(body, bytes):
             payload = body
         else:
@@ -192,6 +206,13 @@ class HttpApi:
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
+        if route.path == "/dashboard":
+            return 200, dashboard.PAGE, {"content-type": "text/html; charset=utf-8"}
+        if route.path == "/dashboard/data":
+            return 200, dashboard.data(self.engine), {"cache-control": "no-store"}
+        if route.path == "/dashboard/modes":
+            req = _object(await _body(scope, receive), {"name", "mode"})
+            return 200, dashboard.set_mode(self.engine, req), {}
         if route.path == "/v1/policies":
             config = self.engine.config
             names = [*config.policies, *config.concurrency]

@@ -1,6 +1,7 @@
-"""Prometheus metrics of the service, on a registry of its own (no global state).
+"""The service's metrics: ratekeeper's one vocabulary (``ratekeeper.metrics``), exported on a
+Prometheus registry of its own (no global state) at ``/metrics``.
 
-Names (all prefixed ``ratekeeper_``):
+Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabulary``):
 
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
@@ -8,6 +9,8 @@ Names (all prefixed ``ratekeeper_``):
 - ``store_latency_seconds``: histogram of store calls (one per batch when batching; lease
   calls of concurrency policies too);
 - ``store_errors_total``: store calls that raised;
+- ``breaker_state{store, shard, kind}``: 0 closed, 1 failing, 2 open, per store part;
+- ``in_flight_requests``: HTTP requests being served;
 - ``batch_size``: histogram of plans per store call;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
@@ -25,35 +28,28 @@ import os
 import re
 import struct
 import time
-from bisect import bisect_left
 from collections.abc import Iterator
 from pathlib import Path
-from time import perf_counter
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
 
 from ..algorithms import Algorithm, Limit, Outcome
+from ..metrics import core
+from ..metrics.prometheus import register
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.sharded import ShardedRedisStore
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOP_KEYS = 64
+"""Rejected (policy, key) pairs the dashboard's Space-Saving sketch keeps."""
 
 
-class Metrics:
-    """The service's metrics and their exposition.
+class Metrics(core.Metrics):
+    """The service's metrics (the shared ``Metrics``) and their exposition.
 
     Under ``--workers`` (``worker`` set) every series carries ``worker="<i>"``; each worker
     writes its series to ``peers_dir`` (``publish``, every second) and answers a scrape with
@@ -62,46 +58,18 @@ class Metrics:
     """
 
     def __init__(self, worker: int | None = None, peers_dir: str | None = None) -> None:
+        super().__init__(top_keys=TOP_KEYS)
         self.worker = worker
         self.peers_dir = Path(peers_dir) if peers_dir else None
-        # the *_created series only double the scrape size (prometheus_client is untyped here)
-        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.decisions = PlainCounter(
-            "ratekeeper_decisions", "Decisions by policy and outcome.", ("policy", "outcome"), r
-        )
-        self.store_latency = PlainHistogram(
-            "ratekeeper_store_latency_seconds", "Latency of store calls.", _LATENCY_BUCKETS, r
-        )
-        self.store_errors = Counter(
-            "ratekeeper_store_errors", "Store calls that raised.", registry=r
-        )
-        self.batch_size = PlainHistogram(
-            "ratekeeper_batch_size", "Plans per store call.", _BATCH_BUCKETS, r
-        )
-        self.refused = Counter(
-            "ratekeeper_requests_refused", "Requests refused before counting.", ["reason"],
-            registry=r,
-        )  # fmt: skip
-        self.reloads = Counter(
-            "ratekeeper_config_reloads", "Config reloads by result.", ["result"], registry=r
-        )
-        self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
-        self.envoy = EnvoyStats(r, 0.8, 1000)
-
-    def decision(self, policy: str, outcome: str) -> None:
-        """Count one decision (on every decision's path: a plain integer)."""
-        counts = self.decisions.counts
-        key = (policy, outcome)
-        counts[key] = counts.get(key, 0) + 1
+        register(self, self.registry)
+        self.envoy = EnvoyStats(self.registry, 0.8, 1000)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
         if self.worker is None:
             return generate_latest(self.registry)
-        own = self.publish()
-        texts = [own]
+        texts = [self.publish()]
         if self.peers_dir is not None:
             for path in sorted(self.peers_dir.glob("*.prom")):
                 if path.stem != str(self.worker):
@@ -159,55 +127,6 @@ class _Merged:
         yield from families.values()
 
 
-class PlainCounter:
-    """A labelled counter kept as plain integers and handed to Prometheus at scrape time: a
-    prometheus_client ``inc`` costs a lock and three calls, too much for every decision."""
-
-    def __init__(
-        self, name: str, documentation: str, labels: tuple[str, ...], registry: CollectorRegistry
-    ) -> None:
-        self.name, self.documentation, self.labels = name, documentation, labels
-        self.counts: dict[tuple[str, ...], int] = {}
-        registry.register(self)  # a collector: it has collect()
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
-        for values, n in list(self.counts.items()):
-            family.add_metric(values, n)
-        yield family
-
-
-class PlainHistogram:
-    """A histogram kept as plain numbers (see ``PlainCounter``), exposed as Prometheus'
-    ``Histogram`` exposes one (``_bucket``, ``_count``, ``_sum``)."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        buckets: tuple[float, ...],
-        registry: CollectorRegistry,
-    ) -> None:
-        self.name, self.documentation = name, documentation
-        self.bounds = buckets
-        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bound (+Inf)
-        self.sum = 0.0
-        registry.register(self)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def collect(self) -> Iterator[Metric]:
-        cumulative, running = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            running += n
-            cumulative.append((_go_float(bound), running))
-        yield HistogramMetricFamily(
-            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
-        )
-
-
 class InstrumentedStore:
     """An ``AsyncStore`` that times every call of the store it wraps and counts its errors."""
 
@@ -233,17 +152,14 @@ class InstrumentedLocalStore(InstrumentedStore):
     def __init__(self, inner: MemoryStore, metrics: Metrics) -> None:
         super().__init__(inner, metrics)
         self._hit_one = inner.hit_one
-        self._latency = metrics.store_latency
+        self._latency = metrics.store_latency.labels()  # the one series: no lookup per call
 
     def hit_one(
         self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
     ) -> Outcome:
-        start = perf_counter()
+        start = time.perf_counter()
         outcome = self._hit_one(slot, key, algorithm, limit, now, cost)
-        elapsed = perf_counter() - start
-        latency = self._latency  # its observe(), inlined: this runs for every decision
-        latency.counts[bisect_left(latency.bounds, elapsed)] += 1
-        latency.sum += elapsed
+        self._latency.observe(time.perf_counter() - start)
         return outcome
 
 
@@ -417,12 +333,6 @@ class EnvoyStats:
             "Requests answered OK by the global shadow mode although over the limit.",
             value=self.global_shadow_mode,
         )
-
-
-def _go_float(x: float) -> str:
-    """A bucket bound as prometheus_client writes it (``+Inf``, ``0.5``, ``1.0``)."""
-    text: str = floatToGoString(x)  # type: ignore[no-untyped-call]  # untyped in the package
-    return text
 
 
 def _f32(x: float) -> float:

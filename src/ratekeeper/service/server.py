@@ -171,6 +171,9 @@ class Service:
         limiter = AsyncLimiter(self.store, clock=clock)
         # capacity and lease TTL come with each acquire, from the concurrency policy
         leases = AsyncConcurrencyLimiter(self.leases, capacity=1, clock=clock)
+        kind = self.config.store.kind
+        self.metrics.watch_breakers(limiter.breaker_states, kind, "rate")
+        self.metrics.watch_breakers(leases.breaker_states, kind, "lease")
         self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
         self.envoy = Envoy(self.engine, self.metrics.envoy)
         self.api = HttpApi(self.engine, self.reload, self.health)
