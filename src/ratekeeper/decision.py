@@ -74,19 +74,13 @@ class Decision:
         if names is None or names[2] is not self.stack or names[3] is not self.rate:
             names = _names_kept(policy, self.stack, self.rate, self.limit, self.quotas)
         remaining = str(self.remaining)
+        retry = None
         if not self.allowed and math.isfinite(self.retry_after):
             retry = max(1, math.ceil(self.retry_after - 1e-9))
-            return [
-                str(self.limit),
-                remaining,
-                str(math.ceil(self.reset_at - 1e-9)),
-                str(self.limit - self.remaining),
-                names[1],
-                f"{names[0]};r={remaining};t={retry}",  # Retry-After never earlier than t
-                str(retry),
-            ]
-        reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
-        return [
+            reset_in = retry  # Retry-After never points earlier than t (module docstring)
+        else:
+            reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
+        out = [
             str(self.limit),
             remaining,
             str(math.ceil(self.reset_at - 1e-9)),
@@ -94,6 +88,9 @@ class Decision:
             names[1],
             f"{names[0]};r={remaining};t={reset_in}",
         ]
+        if retry is not None:
+            out.append(str(retry))
+        return out
 
 
 HEADER_NAMES = (
