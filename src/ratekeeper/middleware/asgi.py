@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from ..admission import AsyncAdmissionQueue
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
@@ -67,8 +68,11 @@ class RateLimitMiddleware:
     ) -> None:
         self.app = app
         self.store: AsyncStore = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, asgi=True
+        )
         self.controls = self.gate.controls
+        self._admission = {i: AsyncAdmissionQueue(core) for i, core in self.gate.admissions.items()}
         self.limiter = AsyncLimiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
             self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
@@ -87,6 +91,10 @@ class RateLimitMiddleware:
                 burst=c.burst,
                 buckets=c.buckets,
             )
+        if kind == "enter":
+            return await self._admission[op.position].enter(op.key, op.wait)
+        if kind == "leave":
+            return self._admission[op.position].release(op.ticket)
         if kind == "acquire":
             return await self._leases[op.position].acquire(op.key)
         if kind == "admit":
@@ -156,5 +164,6 @@ class RateLimitMiddleware:
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
+            "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
         }

@@ -26,12 +26,23 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from ..admission import Ticket
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError
-from ..shedding import WorkerUtilizationShedder
-from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
+from ..shedding import ShedderSettings, WorkerUtilizationShedder
+from ..signals import LoopLag, Signal, parse_request_start, worst
+from .checks import (
+    CHECK_TYPES,
+    AdmissionCheck,
+    Check,
+    ConcurrencyCheck,
+    Controls,
+    FleetCheck,
+    RateCheck,
+    WorkerCheck,
+)
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
@@ -44,7 +55,7 @@ from .responses import (
 
 log = logging.getLogger("ratekeeper")
 
-Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
 
 
 class Op(NamedTuple):
@@ -56,6 +67,8 @@ class Op(NamedTuple):
     cost: int = 1
     critical: bool = False
     lease: Lease | None = None
+    wait: bool = True
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +81,24 @@ class Failure:
 class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
-    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
+    __slots__ = (
+        "best",
+        "charged",
+        "done",
+        "entered",
+        "headers",
+        "leases",
+        "rejection",
+        "tickets",
+        "tier",
+    )
 
     def __init__(self) -> None:
         self.tier: str | None = None
         self.best: tuple[str, Decision] | None = None
         self.charged: list[tuple[int, str, int]] = []
         self.leases: list[tuple[int, Lease]] = []
+        self.tickets: list[tuple[int, Ticket]] = []
         self.headers: Headers = ()
         self.rejection: Rejection | None = None
         self.entered = False
@@ -100,15 +124,17 @@ class Gate:
         refund_statuses: Iterable[int],
         clock: Clock,
         log_interval: float,
+        *,
+        asgi: bool = False,
     ) -> None:
-        if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+        if isinstance(checks, CHECK_TYPES):
             checks = [checks]
         self.checks: tuple[Check, ...] = tuple(checks)
         for c in self.checks:
-            if not isinstance(c, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+            if not isinstance(c, CHECK_TYPES):
                 raise ConfigError(
                     f"check {c!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                    "FleetCheck or WorkerCheck"
+                    "FleetCheck, WorkerCheck or AdmissionCheck"
                 )
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -123,12 +149,29 @@ class Gate:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._shedders = {
-            i: c.shedder or WorkerUtilizationShedder(clock=clock)
+            i: c.shedder or self._default_shedder(c, asgi)
             for i, c in enumerate(self.checks)
             if isinstance(c, WorkerCheck)
         }
+        self.admissions = {
+            i: c.core(asgi) for i, c in enumerate(self.checks) if isinstance(c, AdmissionCheck)
+        }
         self._last_log = -1e18
         self._unlogged = 0
+
+    def _default_shedder(self, check: WorkerCheck, asgi: bool) -> WorkerUtilizationShedder:
+        """Fast settings on the event loop's lag (ASGI) or on busy threads, requests in flight
+        / ``max_in_flight`` (WSGI), joined by the check's queue delay if any."""
+        signals: list[Signal] = [
+            LoopLag() if asgi else lambda: self.in_flight / check.max_in_flight
+        ]
+        if check.queue_delay is not None:
+            signals.append(check.queue_delay)
+        return WorkerUtilizationShedder(
+            worst(*signals) if len(signals) > 1 else signals[0],
+            settings=ShedderSettings.fast(),
+            clock=self.clock,
+        )
 
     def admit(self, request: RequestInfo, adm: Admission) -> Flow:
         """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
@@ -198,7 +241,13 @@ class Gate:
             return self._keep(adm, index, lease) or shed_rejection(
                 check.name, check.retry_after, check.capacity
             )
-        return self._worker(index, check, adm.tier)
+        if isinstance(check, AdmissionCheck):
+            ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
+            if ticket is None:
+                return shed_rejection(check.name, check.retry_after)
+            adm.tickets.append((index, ticket))
+            return True
+        return self._worker(index, check, request, adm.tier)
 
     @staticmethod
     def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
@@ -210,8 +259,14 @@ class Gate:
         adm.leases.append((index, lease))
         return True
 
-    def _worker(self, index: int, check: WorkerCheck, tier: str) -> Rejection | bool:
+    def _worker(
+        self, index: int, check: WorkerCheck, request: RequestInfo, tier: str
+    ) -> Rejection | bool:
         shedder = self._shedders[index]
+        if check.queue_delay is not None:
+            arrived = arrival(request)
+            if arrived is not None:
+                check.queue_delay.record(arrived)
         utilization = None
         if shedder.utilization is None:
             utilization = self.in_flight / check.max_in_flight
@@ -231,14 +286,23 @@ class Gate:
         if adm.entered:
             with self._lock:
                 self.in_flight -= 1
-        ops = []
+        ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
         if adm.charged and (
             adm.rejection is not None or (status is not None and status in self.refund_statuses)
         ):
-            ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
+            ops += [Op("refund", index, key, cost) for index, key, cost in adm.charged]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def shedding_stats(self) -> dict[str, Any]:
+        """Per shedding check: the worker shedder's state or the admission queue's."""
+        out: dict[str, Any] = {}
+        for i, shedder in self._shedders.items():
+            out[self.checks[i].name] = shedder.stats()
+        for i, core in self.admissions.items():
+            out[self.checks[i].name] = core.stats()
+        return out
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
@@ -262,6 +326,16 @@ class Gate:
             )
             self._last_log = now
             self._unlogged = 0
+
+
+def arrival(request: RequestInfo) -> float | None:
+    """When the request arrived, if something stamped it: mod_wsgi's ``mod_wsgi.request_start``
+    or a proxy's ``X-Request-Start`` / ``X-Queue-Start`` (epoch seconds)."""
+    raw = request.raw
+    stamp = raw.get("mod_wsgi.request_start") if isinstance(raw, dict) else None
+    if stamp is None:
+        stamp = request.header("x-request-start") or request.header("x-queue-start")
+    return None if stamp is None else parse_request_start(stamp)
 
 
 def _unwrap(result: Any) -> Any:

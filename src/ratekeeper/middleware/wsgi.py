@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..admission import AdmissionQueue
 from ..clock import Clock
 from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
@@ -72,6 +73,7 @@ class WSGIRateLimitMiddleware:
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
         self.controls = self.gate.controls
+        self._admission = {i: AdmissionQueue(core) for i, core in self.gate.admissions.items()}
         self.limiter = Limiter(self.store, clock=clock)
         self._rates, self._leases, self._fleets = split_checks(
             self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
@@ -90,6 +92,10 @@ class WSGIRateLimitMiddleware:
                 burst=c.burst,
                 buckets=c.buckets,
             )
+        if kind == "enter":
+            return self._admission[op.position].enter(op.key, op.wait)
+        if kind == "leave":
+            return self._admission[op.position].release(op.ticket)
         if kind == "acquire":
             return self._leases[op.position].acquire(op.key)
         if kind == "admit":
@@ -141,5 +147,6 @@ class WSGIRateLimitMiddleware:
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
+            "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
         }

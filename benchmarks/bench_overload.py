@@ -1,0 +1,500 @@
+"""Load shedding under real overload: critical latency, goodput and the controllers over time.
+
+The apps of ``benchmarks/overload_app.py`` — FastAPI under uvicorn (uvloop, httptools) and its
+Flask twin under gunicorn (one gthread worker, 8 threads) — each served by one process pinned
+to one CPU with ``taskset``; ``wrk`` (pinned to the other CPU with this script) sends ``GET /low``
+(3 ms of CPU) at a fixed rate, a multiple of the capacity measured at the start of the run,
+while a probe sends ``POST /charges`` (critical, 1 ms) every 50 ms. Each scenario::
+
+    warm-up   3 s at 0.5x capacity
+    overload 20 s at 1.5x or 3x capacity
+    recovery 12 s at 0.5x capacity
+
+for each shedding mode: ``none`` (no middleware), ``worker`` (``WorkerCheck()``: the server
+type's default signal, Stripe's controller with ``ShedderSettings.fast()``) and ``adaptive``
+(``AdmissionCheck()``: gradient limit and CoDel queue). ``--sweep`` adds
+``AdmissionCheck(limit=N)`` for fixed N at 3x. Steady state is reached at the first second
+from which the low tier's shed share stays within 0.1 of its median over the overload's second
+half; figures are computed from there to the end of the overload. Prints a markdown report and
+writes SVG figures (``--out``, default ``docs/figures``).
+
+Install and run (Debian; ~10 minutes, ~15 with ``--sweep``)::
+
+    apt-get install wrk
+    .venv/bin/pip install -e ".[bench]"
+    .venv/bin/python -m benchmarks.bench_overload [--apps asgi,wsgi] [--loads 1.5,3] [--sweep]
+
+``wrk`` paces requests with a Lua ``delay()`` reading CLOCK_MONOTONIC through LuaJIT's FFI
+(128 connections; a connection sends as soon as its slot comes, or at once when late, so the
+offered rate holds while the server keeps up and falls to what 128 connections get otherwise).
+Everything runs on loopback and stops by itself; the servers are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.overload_app import BUCKET
+from benchmarks.svgplot import COLORS, Figure
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_CPU, CLIENT_CPU = 1, 0
+THREADS = int(os.environ.get("RK_THREADS", "8"))
+CONNECTIONS = 128
+PROBE_EVERY = 0.05
+PROBE_TIMEOUT = 5.0
+TARGET_P99 = 0.100
+
+WRK_SCRIPT = """\
+-- paced GET /low: a schedule of slots RK_INTERVAL_MS apart, shared by this thread's connections
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } rk_timespec;
+int clock_gettime(int clk_id, rk_timespec *tp);
+]]
+local ts = ffi.new("rk_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)  -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+local interval = tonumber(os.getenv("RK_INTERVAL_MS"))
+local next_slot = nil
+function delay()
+  local now = now_ms()
+  if next_slot == nil or next_slot < now - 1000 then next_slot = now end  -- at most 1 s behind
+  next_slot = next_slot + interval
+  local d = next_slot - now
+  if d < 0 then return 0 end
+  return d
+end
+"""
+
+
+def pinned(cpu: int, argv: list[str]) -> list[str]:
+    """``argv`` under ``taskset -c cpu`` where taskset exists (Linux)."""
+    return ["taskset", "-c", str(cpu), *argv] if shutil.which("taskset") else argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One server process (uvicorn or gunicorn) for one shedding mode, pinned to SERVER_CPU."""
+
+    def __init__(self, app: str, mode: str) -> None:
+        self.app, self.mode, self.port = app, mode, free_port()
+        py = sys.executable
+        if app == "asgi":
+            argv = [py, "-m", "uvicorn", "benchmarks.overload_app:asgi_app", "--host",
+                    "127.0.0.1", "--port", str(self.port), "--loop", "uvloop", "--http",
+                    "httptools", "--no-access-log", "--log-level", "warning", "--backlog", "4096",
+                    "--timeout-keep-alive", "60"]  # fmt: skip
+        else:
+            argv = [py, "-m", "gunicorn", "-k", "gthread", "--threads", str(THREADS), "-w", "1",
+                    "-b", f"127.0.0.1:{self.port}", "--backlog", "4096", "--keep-alive", "60",
+                    "--graceful-timeout", "3", "--log-level", "warning",
+                    "benchmarks.overload_app:wsgi_app"]  # fmt: skip
+        env = {**os.environ, "RK_SHED": mode, "RK_THREADS": str(THREADS), "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(pinned(SERVER_CPU, argv), cwd=ROOT, env=env)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.series()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"{app} server ({mode}) did not start") from None
+                time.sleep(0.1)
+
+    def series(self) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.port}/__bench/series"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            rows: list[dict[str, Any]] = json.loads(reply.read())
+            return rows
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wrk(port: int, seconds: int, rate: float | None, script: Path, conns: int) -> dict[str, float]:
+    """``GET /low`` from wrk (one thread) at ``rate`` per second (None: as fast as it can)."""
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "5s"]
+    env = dict(os.environ)
+    if rate is not None:
+        argv += ["-s", str(script)]
+        env["RK_INTERVAL_MS"] = repr(1000.0 / rate)
+    argv.append(f"http://127.0.0.1:{port}/low")
+    out = subprocess.run(pinned(CLIENT_CPU, argv), capture_output=True, text=True, env=env)
+    text = out.stdout
+    total = re.search(r"(\d+) requests in", text)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    if total is None or rps is None:
+        raise RuntimeError(f"wrk failed: {out.stderr or text}")
+    return {
+        "requests": float(total.group(1)),
+        "non_2xx": float(bad.group(1)) if bad else 0.0,
+        "rps": float(rps.group(1)),
+    }
+
+
+REQUEST = b"POST /charges HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n"
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
+async def _probe(port: int, until: float, samples: list[tuple[float, float, int]]) -> None:
+    """``POST /charges`` every PROBE_EVERY seconds on its own schedule (not after the previous
+    answer), over a pool of keep-alive connections; (sent at, latency, status; 0 = timeout)."""
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    for _ in range(4):
+        idle.append(await asyncio.open_connection("127.0.0.1", port))
+
+    async def one() -> None:
+        start = time.monotonic()
+        conn = None
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+                conn[1].write(REQUEST)
+                status = await _read_response(conn[0])
+            samples.append((start, time.monotonic() - start, status))
+            idle.append(conn)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            samples.append((start, PROBE_TIMEOUT, 0))
+            if conn is not None:
+                conn[1].close()
+
+    tasks = []
+    slot = time.monotonic()
+    while slot < until:
+        await asyncio.sleep(max(0.0, slot - time.monotonic()))
+        tasks.append(asyncio.create_task(one()))
+        slot += PROBE_EVERY
+    await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
+
+
+@dataclass
+class Run:
+    """One scenario's raw data: server buckets, probe samples, phase boundaries (monotonic)."""
+
+    app: str
+    mode: str
+    load: float
+    capacity: float
+    start: float
+    overload: tuple[float, float]
+    end: float
+    rows: list[dict[str, Any]]
+    probe: list[tuple[float, float, int]]
+    wrk: list[dict[str, float]] = field(default_factory=list)
+
+
+def run_scenario(
+    app: str, mode: str, load: float, capacity: float, script: Path, phases: tuple[int, int, int]
+) -> Run:
+    warm, over, rec = phases
+    server = Server(app, mode)
+    try:
+        start = time.monotonic() + 0.5
+        overload = (start + warm, start + warm + over)
+        end = overload[1] + rec
+        results: list[dict[str, float]] = []
+
+        def load_phases() -> None:
+            time.sleep(max(0.0, start - time.monotonic()))
+            for seconds, rate in ((warm, 0.5), (over, load), (rec, 0.5)):
+                results.append(wrk(server.port, seconds, rate * capacity, script, CONNECTIONS))
+
+        thread = threading.Thread(target=load_phases)
+        thread.start()
+        samples: list[tuple[float, float, int]] = []
+        time.sleep(max(0.0, start - time.monotonic()))
+        asyncio.run(_probe(server.port, end, samples))
+        thread.join()
+        rows = server.series()
+    finally:
+        server.stop()
+    return Run(app, mode, load, capacity, start, overload, end, rows, samples, results)
+
+
+def measure_capacity(app: str) -> float:
+    """Requests per second of ``GET /low`` with no shedding, closed loop, 16 connections."""
+    server = Server(app, "none")
+    try:
+        wrk(server.port, 2, None, Path(), 16)  # warm up
+        return wrk(server.port, 5, None, Path(), 16)["rps"]
+    finally:
+        server.stop()
+
+
+# -- analysis --------------------------------------------------------------------------------
+
+
+def per_second(run: Run, key: str) -> list[tuple[float, float]]:
+    """(seconds since start, per-second rate) of a bucket counter, e.g. ``low_200``."""
+    return [(r["t"] - run.start, r.get(key, 0) / BUCKET) for r in run.rows if r["t"] >= run.start]
+
+
+def shed_share(run: Run, t0: float, t1: float) -> float:
+    rows = [r for r in run.rows if t0 <= r["t"] < t1]
+    shed = sum(r.get("low_503", 0) for r in rows)
+    total = shed + sum(r.get("low_200", 0) for r in rows)
+    return shed / total if total else 0.0
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def steady_state(run: Run) -> float:
+    """When the low tier's shed share (per second) settles: see the module docstring."""
+    t0, t1 = run.overload
+    half = (t0 + t1) / 2
+    shares = [shed_share(run, t, t + 1) for t in _seconds(half, t1)]
+    final = statistics.median(shares) if shares else 0.0
+    settled = t1
+    for t in reversed(_seconds(t0, t1)):
+        if abs(shed_share(run, t, t + 1) - final) > 0.1:
+            break
+        settled = t
+    return settled
+
+
+def _seconds(t0: float, t1: float) -> list[float]:
+    return [t0 + i for i in range(int(t1 - t0))]
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """The figures of one run (times in seconds since the overload began)."""
+    t0, t1 = run.overload
+    settled = steady_state(run)
+    window = [s for s in run.probe if settled <= s[0] < t1]
+    rows = [r for r in run.rows if settled <= r["t"] < t1]
+    span = max(BUCKET, len(rows) * BUCKET)
+    goodput = sum(r.get("low_200", 0) for r in rows) / span
+    limits = [r["limit"] for r in rows if "limit" in r]
+    recovered = recovery_time(run)
+    return {
+        "app": run.app,
+        "mode": run.mode,
+        "load": run.load,
+        "capacity": run.capacity,
+        "steady_after": settled - t0,
+        "critical_p50_ms": 1000 * quantile([s[1] for s in window], 0.50),
+        "critical_p99_ms": 1000 * quantile([s[1] for s in window], 0.99),
+        "critical_failed": sum(1 for s in window if s[2] != 200),
+        "critical_sent": len(window),
+        "critical_shed_total": sum(r.get("critical_503", 0) for r in run.rows),
+        "goodput": goodput,
+        "goodput_share": goodput / run.capacity,
+        "shed_share": shed_share(run, settled, t1),
+        "limit_median": statistics.median(limits) if limits else None,
+        "recovered_after": recovered,
+        "offered": run.wrk[1]["rps"] if len(run.wrk) > 1 else None,
+    }
+
+
+def recovery_time(run: Run) -> float | None:
+    """Seconds after the overload until no low request is shed and the probe is under target
+    for good (None: not within the recovery phase)."""
+    t1 = run.overload[1]
+    last_bad = t1
+    for r in run.rows:
+        if r["t"] >= t1 and r.get("low_503", 0) > 0:
+            last_bad = max(last_bad, r["t"] + BUCKET)
+    for start, latency, status in run.probe:
+        if start >= t1 and (latency > TARGET_P99 or status != 200):
+            last_bad = max(last_bad, start + latency)
+    return None if last_bad >= run.end - 1 else last_bad - t1
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def figure(runs: list[Run], title: str) -> str:
+    """Critical latency, low-tier goodput and shed rate, and each controller, over time."""
+    fig = Figure(title)
+    base = runs[0]
+    fig.span(base.overload[0] - base.start, base.overload[1] - base.start, f"{base.load:g}x")
+    fig.x_range = (0.0, base.end - base.start)
+    latency = fig.panel("critical latency (ms, log)", log=True, y_min=1)
+    latency.hline(TARGET_P99 * 1000, "100 ms")
+    goodput = fig.panel("low tier: ok/s (solid), shed/s (dashed)", y_min=0)
+    goodput.hline(base.capacity, "capacity")
+    control = fig.panel("limit (adaptive) / drop % (worker)", y_min=0)
+    for run, color in zip(runs, COLORS, strict=False):
+        points = [(s[0] - run.start, s[1] * 1000) for s in run.probe]
+        latency.points(points, run.mode, color)
+        goodput.line(_smooth(per_second(run, "low_200")), f"{run.mode} ok", color)
+        goodput.line(_smooth(per_second(run, "low_503")), f"{run.mode} shed", color, dashed=True)
+        rows = [r for r in run.rows if r["t"] >= run.start]
+        if any("limit" in r for r in rows):
+            control.line(
+                [(r["t"] - run.start, r["limit"]) for r in rows if "limit" in r],
+                f"{run.mode} limit",
+                color,
+            )
+        if any("drop_get" in r for r in rows):
+            control.line(
+                [(r["t"] - run.start, 100 * r["drop_get"]) for r in rows if "drop_get" in r],
+                f"{run.mode} drop %",
+                color,
+            )
+    return fig.svg()
+
+
+def _smooth(points: list[tuple[float, float]], n: int = 4) -> list[tuple[float, float]]:
+    """Mean of n buckets (one second), for readable rate lines."""
+    return [
+        (points[i][0], sum(y for _, y in points[i : i + n]) / len(points[i : i + n]))
+        for i in range(0, len(points), n)
+    ]
+
+
+def sweep_figure(rows: list[dict[str, Any]], adaptive: dict[str, Any] | None, title: str) -> str:
+    fig = Figure(title, x_label="fixed limit (AdmissionCheck(limit=N))")
+    good = fig.panel("low-tier goodput (% of capacity)", y_min=0)
+    lat = fig.panel("critical p99 (ms, log)", log=True, y_min=1)
+    lat.hline(TARGET_P99 * 1000, "100 ms")
+    good.line([(r["limit"], 100 * r["goodput_share"]) for r in rows], "fixed", COLORS[1])
+    lat.line([(r["limit"], r["critical_p99_ms"]) for r in rows], "fixed", COLORS[1])
+    if adaptive is not None and adaptive["limit_median"] is not None:
+        x = adaptive["limit_median"]
+        good.points([(x, 100 * adaptive["goodput_share"])] * 3, "adaptive", COLORS[0])
+        lat.points([(x, adaptive["critical_p99_ms"])] * 3, "adaptive", COLORS[0])
+    return fig.svg()
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "uptime unavailable"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| app | mode | load | offered/s | steady after | critical p50 | critical p99 | "
+        "critical shed | goodput/s | % of capacity | low shed | limit | recovered after |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        rec = "—" if r["recovered_after"] is None else f"{r['recovered_after']:.1f} s"
+        lim = "—" if r["limit_median"] is None else f"{r['limit_median']:g}"
+        lines.append(
+            f"| {r['app']} | {r['mode']} | {r['load']:g}x | {r['offered'] or 0:.0f} | "
+            f"{r['steady_after']:.0f} s | {r['critical_p50_ms']:.1f} ms | "
+            f"{r['critical_p99_ms']:.1f} ms | {r['critical_shed_total']} "
+            f"({r['critical_failed']} failed) | {r['goodput']:.0f} | "
+            f"{100 * r['goodput_share']:.0f} % | {100 * r['shed_share']:.0f} % | {lim} | {rec} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--apps", default="asgi,wsgi")
+    parser.add_argument("--loads", default="1.5,3")
+    parser.add_argument("--modes", default="none,worker,adaptive")
+    parser.add_argument("--sweep", action="store_true", help="fixed limits at 3x as well")
+    parser.add_argument("--limits", default="1,2,4,8,16,32")
+    parser.add_argument("--phases", default="3,20,12", help="warm-up,overload,recovery seconds")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "figures"))
+    parser.add_argument("--json", help="write every run's figures here")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    if shutil.which("taskset"):
+        os.sched_setaffinity(0, {CLIENT_CPU})  # this script and the probe share wrk's CPU
+    phases = tuple(int(x) for x in args.phases.split(","))
+    assert len(phases) == 3, "--phases takes three numbers"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    print(f"# bench_overload\n\n{uptime()}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "paced.lua"
+        script.write_text(WRK_SCRIPT)
+        for app in args.apps.split(","):
+            capacity = measure_capacity(app)
+            print(f"{app}: capacity {capacity:.0f} requests/s of GET /low ({uptime()})")
+            for load in (float(x) for x in args.loads.split(",")):
+                runs = []
+                for mode in args.modes.split(","):
+                    run = run_scenario(app, mode, load, capacity, script, phases)  # type: ignore[arg-type]  # checked above
+                    runs.append(run)
+                    results.append(summarize(run))
+                    print(table([results[-1]]).splitlines()[-1], f"  [{uptime()}]", flush=True)
+                name = "overload_{}_{}x.svg".format(app, f"{load:g}".replace(".", "_"))
+                (out / name).write_text(figure(runs, f"{app}: GET /low at {load:g}x capacity"))
+            if args.sweep:
+                sweep = []
+                for limit in (int(x) for x in args.limits.split(",")):
+                    run = run_scenario(app, f"fixed:{limit}", 3.0, capacity, script, phases)  # type: ignore[arg-type]  # checked above
+                    row = summarize(run) | {"limit": limit}
+                    sweep.append(row)
+                    results.append(row)
+                    print(table([row]).splitlines()[-1], f"  [{uptime()}]", flush=True)
+                adaptive = next(
+                    (r for r in results if r["app"] == app and r["mode"] == "adaptive"
+                     and r["load"] == 3.0), None,
+                )  # fmt: skip
+                (out / f"overload_{app}_sweep.svg").write_text(
+                    sweep_figure(sweep, adaptive, f"{app}: fixed limits at 3x capacity")
+                )
+    print("\n" + table(results))
+    print(f"\n{uptime()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
