@@ -7,7 +7,9 @@ comes from the environment, so that the server process builds it at import:
 - ``RK_SHED=worker``: ``WorkerCheck()`` — the default signal of the server type (event-loop lag
   under uvicorn; busy threads under gunicorn, ``max_in_flight`` = ``RK_THREADS``);
 - ``RK_SHED=adaptive``: ``AdmissionCheck()`` (gradient limit, CoDel queue);
-- ``RK_SHED=fixed:N``: ``AdmissionCheck(limit=N)``.
+- ``RK_SHED=fixed:N``: ``AdmissionCheck(limit=N)``;
+- ``RK_SHED=always``: a worker shedder held at full shedding (the cost of a shed request);
+- ``RK_SHED=raw503``: no middleware; ``/low`` answers 503 at once (the server's ceiling).
 
 An outer meter counts responses per tier and status in 0.25 s buckets (monotonic clock, the
 same on every process of the host) with the controller's state at each bucket, and serves them
@@ -27,7 +29,13 @@ from typing import Any
 from fastapi import FastAPI
 from flask import Flask
 
-from ratekeeper import LoopLag, ProcessCPU, ShedderSettings, WorkerUtilizationShedder
+from ratekeeper import (
+    LoopLag,
+    ManualClock,
+    ProcessCPU,
+    ShedderSettings,
+    WorkerUtilizationShedder,
+)
 from ratekeeper.middleware import (
     AdmissionCheck,
     RateLimitMiddleware,
@@ -56,13 +64,12 @@ def checks() -> list[Any]:
     mode = os.environ.get("RK_SHED", "none")
     if "RK_SWITCH" in os.environ:
         sys.setswitchinterval(float(os.environ["RK_SWITCH"]))
-    queue = {
-        name: float(os.environ[env])
-        for name, env in (("target_delay", "RK_TARGET"), ("interval", "RK_INTERVAL"))
-        if env in os.environ
-    }
-    if mode == "none":
+    target = float(os.environ["RK_TARGET"]) if "RK_TARGET" in os.environ else None
+    interval = float(os.environ["RK_INTERVAL"]) if "RK_INTERVAL" in os.environ else None
+    if mode in ("none", "raw503"):
         return []
+    if mode == "always":
+        return [WorkerCheck(pinned_shedder())]
     if mode == "worker":
         threads = int(os.environ.get("RK_THREADS", "8"))
         if "RK_WORKER" not in os.environ:
@@ -79,13 +86,24 @@ def checks() -> list[Any]:
         shedder = WorkerUtilizationShedder(signal, settings=settings)
         return [WorkerCheck(shedder, max_in_flight=threads)]
     if mode == "adaptive":
-        return [AdmissionCheck(**queue)]
+        return [AdmissionCheck(target_delay=target, interval=interval)]
     if mode.startswith("fixed:"):
-        return [AdmissionCheck(limit=int(mode[6:]), **queue)]
+        return [AdmissionCheck(limit=int(mode[6:]), target_delay=target, interval=interval)]
     raise SystemExit(f"RK_SHED={mode!r} is invalid; expected none, worker, adaptive or fixed:N")
 
 
 PRIORITY = priorities(critical=["/charges"])
+REJECTION = b'{"error":"overloaded"}'
+
+
+def pinned_shedder() -> WorkerUtilizationShedder:
+    """A worker shedder held at full shedding: every request but a critical one is shed."""
+    clock = ManualClock()
+    shedder = WorkerUtilizationShedder(lambda: 1.0, clock=clock)
+    while shedder.shedding_amount < 1:
+        shedder.update()
+        clock.advance(100)
+    return shedder
 
 
 class Meter:
@@ -165,6 +183,7 @@ def _asgi() -> Any:
         middleware = inner = RateLimitMiddleware(fastapi_app, shed, priority=PRIORITY)
     meter = Meter()
     meter.state = controller_state(middleware)
+    raw503 = os.environ.get("RK_SHED") == "raw503"
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -176,6 +195,13 @@ def _asgi() -> Any:
             headers = [(b"content-type", b"application/json")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": body})
+            return
+
+        if raw503 and path == "/low":
+            meter.count(path, 503)
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": REJECTION})
             return
 
         async def counting_send(message: Any) -> None:
@@ -216,12 +242,18 @@ def _wsgi() -> Any:
         middleware = inner = WSGIRateLimitMiddleware(flask_app.wsgi_app, shed, priority=PRIORITY)
     meter = Meter()
     meter.state = controller_state(middleware)
+    raw503 = os.environ.get("RK_SHED") == "raw503"
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == SERIES_PATH:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [meter.dump()]
+
+        if raw503 and path == "/low":
+            meter.count(path, 503)
+            start_response("503 Service Unavailable", [("Content-Type", "application/json")])
+            return [REJECTION]
 
         def counting_start(status: str, headers: Any, *exc_info: Any) -> Any:
             meter.count(path, int(status[:3]))

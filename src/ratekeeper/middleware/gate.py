@@ -156,6 +156,11 @@ class Gate:
         self.admissions = {
             i: c.core(asgi) for i, c in enumerate(self.checks) if isinstance(c, AdmissionCheck)
         }
+        self._shed = {  # built once: a shed request must cost next to nothing
+            i: shed_rejection(c.name, c.retry_after)
+            for i, c in enumerate(self.checks)
+            if isinstance(c, WorkerCheck | AdmissionCheck)
+        }
         self._last_log = -1e18
         self._unlogged = 0
 
@@ -244,7 +249,7 @@ class Gate:
         if isinstance(check, AdmissionCheck):
             ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
             if ticket is None:
-                return shed_rejection(check.name, check.retry_after)
+                return self._shed[index]
             adm.tickets.append((index, ticket))
             return True
         return self._worker(index, check, request, adm.tier)
@@ -271,7 +276,7 @@ class Gate:
         if shedder.utilization is None:
             utilization = self.in_flight / check.max_in_flight
         if shedder.shed(tier, utilization):
-            return shed_rejection(check.name, check.retry_after)
+            return self._shed[index]
         return True
 
     def finish(self, adm: Admission, status: int | None) -> list[Op]:
