@@ -194,9 +194,12 @@ class ShedderSettings:
     @classmethod
     def fast(cls) -> ShedderSettings:
         """Constants for one server process, which saturates within a second: shedding starts
-        after 1 s of a true overload signal and reaches every tier but the first in 8 s (the
-        middleware's default; see docs/middleware.md for choosing them)."""
-        return cls(seconds_before_shedding=1.0, seconds_to_shed_all=8.0, sample_every=0.1)
+        after 1 s of a true overload signal and reaches every tier but the first in 8 s; the
+        dead zone sits at 85-95 % utilization, where a Python server still answers in tens of
+        milliseconds (the middleware's default; see docs/middleware.md for choosing them)."""
+        return cls(
+            0.85, 0.95, seconds_before_shedding=1.0, seconds_to_shed_all=8.0, sample_every=0.1
+        )
 
     @property
     def resting(self) -> float:

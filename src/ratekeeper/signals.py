@@ -298,12 +298,20 @@ class ProcessCPU:
         return self._value
 
 
-def worst(*signals: Signal) -> Signal:
-    """One signal reading the highest utilization of ``signals``."""
-    if not signals or not all(callable(s) for s in signals):
-        raise ConfigError(f"signals={signals!r} are invalid; expected one or more callables")
+class Worst:
+    """One signal reading the highest utilization of ``signals`` (see ``worst``)."""
 
-    def utilization() -> float:
-        return max(s() for s in signals)
+    __slots__ = ("signals",)
 
-    return utilization
+    def __init__(self, *signals: Signal) -> None:
+        if not signals or not all(callable(s) for s in signals):
+            raise ConfigError(f"signals={signals!r} are invalid; expected one or more callables")
+        self.signals = signals
+
+    def __call__(self) -> float:
+        return max(s() for s in self.signals)
+
+
+def worst(*signals: Signal) -> Worst:
+    """One signal reading the highest utilization of ``signals``: ``worst(cpu, lag)``."""
+    return Worst(*signals)

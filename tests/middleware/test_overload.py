@@ -13,7 +13,14 @@ from fastapi import FastAPI
 from flask import Flask
 from starlette.testclient import TestClient
 
-from ratekeeper import LoopLag, ManualClock, QueueDelay, ShedderSettings, WorkerUtilizationShedder
+from ratekeeper import (
+    LoopLag,
+    ManualClock,
+    ProcessCPU,
+    QueueDelay,
+    ShedderSettings,
+    WorkerUtilizationShedder,
+)
 from ratekeeper.middleware import (
     AdmissionCheck,
     RateLimitMiddleware,
@@ -21,6 +28,7 @@ from ratekeeper.middleware import (
     WSGIRateLimitMiddleware,
     priorities,
 )
+from ratekeeper.signals import Worst
 from tests.middleware.servers import uvicorn_server, wait_until, wsgi_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -69,23 +77,33 @@ def wsgi_app(release: threading.Event | None = None) -> Flask:
     return app
 
 
-def test_worker_check_default_signal_per_server_type() -> None:
-    asgi = RateLimitMiddleware(asgi_app(), [WorkerCheck()])
-    shedder = asgi.gate._shedders[0]
-    assert isinstance(shedder.utilization, LoopLag)
+def default_signals(middleware: Any) -> tuple[Any, ...]:
+    shedder = middleware.gate._shedders[0]
     assert shedder.settings == ShedderSettings.fast()
+    assert isinstance(shedder.utilization, Worst)
+    return shedder.utilization.signals
+
+
+def test_worker_check_default_signal_per_server_type() -> None:
+    """CPU share on both; the event loop's lag (ASGI) or busy threads (WSGI) beside it."""
+    cpu, lag = default_signals(RateLimitMiddleware(asgi_app(), [WorkerCheck()]))
+    assert isinstance(cpu, ProcessCPU) and isinstance(lag, LoopLag)
     wsgi = WSGIRateLimitMiddleware(wsgi_app(), [WorkerCheck(max_in_flight=4)])
-    busy = wsgi.gate._shedders[0].utilization
-    assert busy is not None and busy() == 0.0
+    cpu, busy = default_signals(wsgi)
+    assert isinstance(cpu, ProcessCPU) and busy() == 0.0
     wsgi.gate.in_flight = 3  # three of four threads inside the app
     assert busy() == 0.75
+    delay = QueueDelay()
+    *_, joined = default_signals(
+        WSGIRateLimitMiddleware(wsgi_app(), [WorkerCheck(queue_delay=delay)])
+    )
+    assert joined is delay
 
 
 def test_asgi_default_shedder_sheds_low_tiers_while_the_loop_lags() -> None:
     clock = ManualClock()
     mw = RateLimitMiddleware(asgi_app(), [WorkerCheck()], clock=clock, priority=PRIORITY)
-    lag = mw.gate._shedders[0].utilization
-    assert isinstance(lag, LoopLag)
+    _, lag = default_signals(mw)
     transport = httpx.ASGITransport(app=mw)
 
     async def main() -> list[int]:
@@ -93,7 +111,7 @@ def test_asgi_default_shedder_sheds_low_tiers_while_the_loop_lags() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             for _ in range(90):  # 9 s of a saturated loop, sampled every 0.1 s
                 clock.advance(0.1)
-                lag.record(1.0)
+                lag.record(1.0)  # the loop is saturated (the CPU share may say anything)
                 statuses.append((await client.get("/items")).status_code)
                 assert (await client.post("/charges")).status_code == 200
         lag.detach()

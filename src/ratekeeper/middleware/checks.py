@@ -155,9 +155,10 @@ class WorkerCheck:
         check_capacity(self.retry_after, "retry_after")
 
 
-QUEUE_DELAYS = {"asgi": (0.01, 0.1), "wsgi": (0.001, 0.02)}
-"""(target_delay, interval) per server type: a waiting asyncio request costs a future, a
-waiting WSGI request a thread that could be taking the server's next request."""
+QUEUE_DELAYS = {"asgi": (0.01, 0.1), "wsgi": (0.001, 0.001)}
+"""(target_delay, interval) per server type. A waiting asyncio request costs a future; a
+waiting WSGI request holds a thread that the server's own queue (in front of its thread pool,
+where critical requests wait too) needs to be drained, so threads wait 1 ms at most."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
-from ..signals import LoopLag, Signal, parse_request_start, worst
+from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
     CHECK_TYPES,
     AdmissionCheck,
@@ -165,17 +165,19 @@ class Gate:
         self._unlogged = 0
 
     def _default_shedder(self, check: WorkerCheck, asgi: bool) -> WorkerUtilizationShedder:
-        """Fast settings on the event loop's lag (ASGI) or on busy threads, requests in flight
-        / ``max_in_flight`` (WSGI), joined by the check's queue delay if any."""
-        signals: list[Signal] = [
-            LoopLag() if asgi else lambda: self.in_flight / check.max_in_flight
-        ]
+        """``ShedderSettings.fast()`` on the worst of: this process's CPU share (the smooth
+        signal the controller settles on) and the server type's queue signal, which catches
+        what CPU misses (a neighbour taking the core, a handler blocking): the event loop's lag
+        (ASGI) or busy threads, requests in flight / ``max_in_flight`` (WSGI); and the check's
+        queue delay if any."""
+        queue: Signal = (
+            LoopLag(saturated_at=0.1) if asgi else lambda: self.in_flight / check.max_in_flight
+        )
+        signals: list[Signal] = [ProcessCPU(every=0.25), queue]
         if check.queue_delay is not None:
             signals.append(check.queue_delay)
         return WorkerUtilizationShedder(
-            worst(*signals) if len(signals) > 1 else signals[0],
-            settings=ShedderSettings.fast(),
-            clock=self.clock,
+            worst(*signals), settings=ShedderSettings.fast(), clock=self.clock
         )
 
     def admit(self, request: RequestInfo, adm: Admission) -> Flow:
