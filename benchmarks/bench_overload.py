@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -439,22 +439,21 @@ def summarize(run: Run) -> dict[str, Any]:
         "shed_share": shed_share(run, settled, t1),
         "limit_median": statistics.median(limits) if limits else None,
         "recovered_after": recovered,
+        "recovery_p99_ms": 1000
+        * quantile([s[1] for s in run.probe if t1 + 1 <= s[0] < run.end], 0.99),
         "offered": run.wrk[1]["rps"] if len(run.wrk) > 1 else None,
     }
 
 
 def recovery_time(run: Run) -> float | None:
-    """Seconds after the overload until no low request is shed and the probe is under target
-    for good (None: not within the recovery phase)."""
+    """Seconds after the overload until the last low-tier request is shed (the controller has
+    let go); None if shedding goes on to the end of the recovery phase."""
     t1 = run.overload[1]
-    last_bad = t1
+    last = t1
     for r in run.rows:
         if r["t"] >= t1 and r.get("low_503", 0) > 0:
-            last_bad = max(last_bad, r["t"] + BUCKET)
-    for start, latency, status in run.probe:
-        if start >= t1 and (latency > TARGET_P99 or status != 200):
-            last_bad = max(last_bad, start + latency)
-    return None if last_bad >= run.end - 1 else last_bad - t1
+            last = max(last, r["t"] + BUCKET)
+    return None if last >= run.end - 1 else last - t1
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -528,8 +527,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| app | mode | load | offered/s | steady after | critical p50 | critical p99 | "
         "critical shed | goodput/s | % of capacity | low shed | limit | recovered after | "
-        "server CPU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "recovery p99 | server CPU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
@@ -542,7 +541,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['critical_p99_ms']:.1f} ms | {r['critical_shed_total']} "
             f"({r['critical_failed']} failed) | {r['goodput']:.0f} | "
             f"{100 * r['goodput_share']:.0f} % | {100 * r['shed_share']:.0f} % | {lim} | {rec} | "
-            f"{100 * r['server_cpu']:.0f} % |"
+            f"{r['recovery_p99_ms']:.0f} ms | {100 * r['server_cpu']:.0f} % |"
         )
     return "\n".join(lines)
 
@@ -557,6 +556,7 @@ def main() -> None:
     parser.add_argument("--phases", default="3,20,12", help="warm-up,overload,recovery seconds")
     parser.add_argument("--out", default=str(ROOT / "docs" / "figures"))
     parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument("--raw", help="write every run's raw series and probe samples here")
     parser.add_argument("--no-cost", action="store_true", help="skip the cost of a shed request")
     parser.add_argument(
         "--nice",
@@ -591,6 +591,7 @@ def run_all(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
     print(f"# bench_overload\n\n{uptime()}\n")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "paced.lua"
@@ -620,6 +621,7 @@ def run_all(args: argparse.Namespace) -> None:
                 for mode in args.modes.split(","):
                     run = run_scenario(app, mode, load, capacity, script, phases)
                     runs.append(run)
+                    raw.append(asdict(run))
                     results.append(summarize(run))
                     print(table([results[-1]]).splitlines()[-1], f"  [{uptime()}]", flush=True)
                 name = "overload_{}_{}x.svg".format(app, f"{load:g}".replace(".", "_"))
@@ -628,6 +630,7 @@ def run_all(args: argparse.Namespace) -> None:
                 sweep = []
                 for limit in (int(x) for x in args.limits.split(",")):
                     run = run_scenario(app, f"fixed:{limit}", 3.0, capacity, script, phases)
+                    raw.append(asdict(run))
                     row = summarize(run) | {"limit": limit}
                     sweep.append(row)
                     results.append(row)
@@ -643,6 +646,8 @@ def run_all(args: argparse.Namespace) -> None:
     print(f"\n{uptime()}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.raw:
+        Path(args.raw).write_text(json.dumps(raw))
 
 
 if __name__ == "__main__":

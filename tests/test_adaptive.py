@@ -39,25 +39,26 @@ def make(**settings: float) -> tuple[GradientLimit, ManualClock]:
 
 
 def test_one_core_cpu_bound_settles_low() -> None:
-    """Processor sharing: L requests at once each take L times as long. The limit falls from
-    its initial 16 to 1-2 within a few seconds and stays there."""
+    """Processor sharing: L requests at once each take L times as long. The limit settles at
+    1-2 within a few seconds and stays there."""
     limit, clock = make()
     history = drive(limit, clock, lambda n: n * SERVICE, seconds=20)
-    assert history[3] < 16  # falling within a second
     settled = history[12:]  # after 3 s
     assert max(settled) <= 2 and min(settled) >= 1
     assert limit.baseline == pytest.approx(SERVICE)
 
 
-def test_io_bound_finds_the_knee() -> None:
-    """Latency flat up to 40 in progress, then growing with the queue: the limit climbs from 16
-    to the knee and settles within the tolerance band above it, without oscillating."""
-    knee = 40
+@pytest.mark.parametrize("knee", [40, 250])
+def test_io_bound_finds_the_knee(knee: int) -> None:
+    """Latency flat up to ``knee`` in progress, then growing with the queue: the limit climbs
+    from 4 past the knee (a quarter of the way to 1.2x per 0.1 s: 250 within 6 s) and settles
+    within the tolerance band above it, without oscillating."""
     limit, clock = make(tolerance=0.2)
     history = drive(limit, clock, lambda n: SERVICE * max(1.0, n / knee), seconds=30)
+    assert history[23] >= knee  # after 6 s
     tail = history[-40:]
     assert all(knee <= x <= 1.4 * knee for x in tail)
-    assert max(tail) - min(tail) <= 2
+    assert max(tail) - min(tail) <= 0.02 * knee + 2
 
 
 def test_recovers_when_latency_returns_to_baseline() -> None:
@@ -74,7 +75,7 @@ def test_app_limited_does_not_grow() -> None:
     """One request at a time is no evidence that more would go well: the limit stays put."""
     limit, clock = make()
     history = drive(limit, clock, lambda n: SERVICE, seconds=5, busy=False)
-    assert set(history) == {16}
+    assert set(history) == {GradientSettings().initial}
 
 
 def test_probe_drops_to_floor_for_one_update_and_is_jittered() -> None:
@@ -97,7 +98,7 @@ def test_probe_drops_to_floor_for_one_update_and_is_jittered() -> None:
 def test_ramp_bounds_each_update_and_floor_and_ceiling_hold() -> None:
     """However bad one update's latency, the limit moves a quarter of the way to half of it."""
     limit, clock = make(min_samples=1, probe_every=1000, smoothing=0.25, ceiling=40)
-    drive(limit, clock, lambda n: SERVICE, seconds=2, rate=4)  # probe, then growth to 40
+    drive(limit, clock, lambda n: SERVICE, seconds=5, rate=4)  # probe, then growth to 40
     assert limit.limit == 40
     clock.advance(0.25)
     limit.sample(100 * SERVICE, limit.limit)

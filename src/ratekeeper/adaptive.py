@@ -42,7 +42,7 @@ from .errors import ConfigError
 class GradientSettings:
     """The gradient controller's constants (see the module docstring)."""
 
-    initial: int = 16
+    initial: int = 4
     floor: int = 1
     ceiling: int = 1000
     tolerance: float = 0.5
