@@ -508,8 +508,8 @@ def sweep_figure(rows: list[dict[str, Any]], adaptive: dict[str, Any] | None, ti
     lat.line([(r["limit"], r["critical_p99_ms"]) for r in rows], "fixed", COLORS[1])
     if adaptive is not None and adaptive["limit_median"] is not None:
         x = adaptive["limit_median"]
-        good.points([(x, 100 * adaptive["goodput_share"])] * 3, "adaptive", COLORS[0])
-        lat.points([(x, adaptive["critical_p99_ms"])] * 3, "adaptive", COLORS[0])
+        good.points([(x, 100 * adaptive["goodput_share"])], "adaptive", COLORS[0], radius=5)
+        lat.points([(x, adaptive["critical_p99_ms"])], "adaptive", COLORS[0], radius=5)
     return fig.svg()
 
 
@@ -557,6 +557,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "docs" / "figures"))
     parser.add_argument("--json", help="write every run's figures here")
     parser.add_argument("--raw", help="write every run's raw series and probe samples here")
+    parser.add_argument("--replot", help="only redraw figures and the table from a --raw file")
     parser.add_argument("--no-cost", action="store_true", help="skip the cost of a shed request")
     parser.add_argument(
         "--nice",
@@ -580,18 +581,58 @@ def main() -> None:
             autogroup.write_text("0")
 
 
+def write_figures(runs: list[Run], out: Path) -> list[dict[str, Any]]:
+    """The figures of a set of runs (by app and load; fixed limits as a sweep) and their
+    summaries, in order."""
+    results = [summarize(run) for run in runs]
+    for app in dict.fromkeys(run.app for run in runs):
+        for load in dict.fromkeys(r.load for r in runs if r.app == app):
+            group = [r for r in runs if r.app == app and r.load == load and ":" not in r.mode]
+            if group:
+                name = "overload_{}_{}x.svg".format(app, f"{load:g}".replace(".", "_"))
+                (out / name).write_text(figure(group, f"{app}: GET /low at {load:g}x capacity"))
+        sweep = [
+            row | {"limit": int(row["mode"][6:])}
+            for row in results
+            if row["app"] == app and row["mode"].startswith("fixed:")
+        ]
+        if sweep:
+            adaptive = next(
+                (r for r in results if r["app"] == app and r["mode"] == "adaptive"
+                 and r["load"] == 3.0), None,
+            )  # fmt: skip
+            (out / f"overload_{app}_sweep.svg").write_text(
+                sweep_figure(sweep, adaptive, f"{app}: fixed limits at 3x capacity")
+            )
+    return results
+
+
+def replot(raw_path: Path, out: Path) -> None:
+    """Figures and the table again from a ``--raw`` file, without running anything."""
+    runs = []
+    for d in json.loads(raw_path.read_text()):
+        d["overload"] = tuple(d["overload"])
+        d["probe"] = [tuple(x) for x in d["probe"]]
+        runs.append(Run(**d))
+    print(table(write_figures(runs, out)))
+
+
 def run_all(args: argparse.Namespace) -> None:
     """Every section the arguments ask for; prints the report, writes the figures."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        replot(Path(args.replot), out)
+        return
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
     if shutil.which("taskset"):
         os.sched_setaffinity(0, {CLIENT_CPU})  # this script and the probe share wrk's CPU
     phases = tuple(int(x) for x in args.phases.split(","))
     assert len(phases) == 3, "--phases takes three numbers"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
+    runs: list[Run] = []
     print(f"# bench_overload\n\n{uptime()}\n")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "paced.lua"
@@ -617,31 +658,20 @@ def run_all(args: argparse.Namespace) -> None:
                 f"(measured {measured:.0f}/s with {100 * cpu:.0f} % of a core; {uptime()})"
             )
             for load in (float(x) for x in args.loads.split(",")):
-                runs = []
                 for mode in args.modes.split(","):
                     run = run_scenario(app, mode, load, capacity, script, phases)
                     runs.append(run)
                     raw.append(asdict(run))
                     results.append(summarize(run))
                     print(table([results[-1]]).splitlines()[-1], f"  [{uptime()}]", flush=True)
-                name = "overload_{}_{}x.svg".format(app, f"{load:g}".replace(".", "_"))
-                (out / name).write_text(figure(runs, f"{app}: GET /low at {load:g}x capacity"))
             if args.sweep:
-                sweep = []
                 for limit in (int(x) for x in args.limits.split(",")):
                     run = run_scenario(app, f"fixed:{limit}", 3.0, capacity, script, phases)
+                    runs.append(run)
                     raw.append(asdict(run))
-                    row = summarize(run) | {"limit": limit}
-                    sweep.append(row)
-                    results.append(row)
-                    print(table([row]).splitlines()[-1], f"  [{uptime()}]", flush=True)
-                adaptive = next(
-                    (r for r in results if r["app"] == app and r["mode"] == "adaptive"
-                     and r["load"] == 3.0), None,
-                )  # fmt: skip
-                (out / f"overload_{app}_sweep.svg").write_text(
-                    sweep_figure(sweep, adaptive, f"{app}: fixed limits at 3x capacity")
-                )
+                    results.append(summarize(run))
+                    print(table([results[-1]]).splitlines()[-1], f"  [{uptime()}]", flush=True)
+        write_figures(runs, out)
     print("\n" + table(results))
     print(f"\n{uptime()}")
     if args.json:

@@ -24,6 +24,7 @@ class _Series:
     color: str
     kind: str  # "line" or "points"
     dashed: bool = False
+    radius: float = 1.6
 
 
 @dataclass
@@ -40,8 +41,8 @@ class Panel:
     def line(self, points: list[Point], label: str, color: str, dashed: bool = False) -> None:
         self.series.append(_Series(points, label, color, "line", dashed))
 
-    def points(self, points: list[Point], label: str, color: str) -> None:
-        self.series.append(_Series(points, label, color, "points"))
+    def points(self, points: list[Point], label: str, color: str, radius: float = 1.6) -> None:
+        self.series.append(_Series(points, label, color, "points", radius=radius))
 
     def hline(self, y: float, label: str) -> None:
         self.hlines.append((y, label))
@@ -181,7 +182,7 @@ class Figure:
                     )
                 else:
                     out.extend(
-                        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{s.color}" '
+                        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{s.radius}" fill="{s.color}" '
                         'fill-opacity="0.6"/>'
                         for x, y in pts
                     )
