@@ -289,3 +289,19 @@ def test_admission_waiter_cancelled_when_the_client_goes_away() -> None:
         assert core.in_flight == 0
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_an_aborted_admission_gives_its_ticket_back() -> None:
+    """Cut short while the ``enter`` call was in flight: the ticket it granted is released."""
+    from ratekeeper.middleware.gate import Admission, Op
+
+    mw = WSGIRateLimitMiddleware(wsgi_app(), [AdmissionCheck(limit=1)])
+    core = mw.gate.admissions[0]
+    ticket = mw.execute(Op("enter", 0, "get"))
+    assert ticket is not None and core.in_flight == 1
+    adm = Admission()
+    adm.entered = True
+    mw.gate.in_flight = 1
+    for op in mw.gate.abort(adm, Op("enter", 0, "get"), ticket):
+        mw.execute(op)
+    assert core.in_flight == 0 and mw.gate.in_flight == 0

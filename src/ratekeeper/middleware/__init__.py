@@ -1,7 +1,8 @@
 """ASGI and WSGI middleware putting ratekeeper's limiters and shedders in front of an API.
 
     from ratekeeper.middleware import RateLimitMiddleware, RateCheck, keys
-    app.add_middleware(RateLimitMiddleware, checks=[RateCheck("api", "10/second; 500/hour")])
+    app.add_middleware(RateLimitMiddleware, checks=[RateCheck("api", "10/second; 500/hour")],
+                       trusted_proxies=["10.0.0.0/8"])  # behind load balancers: set them once
 
 What belongs where:
 

@@ -12,10 +12,19 @@ Rules:
   and never adds headers;
 - any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+  the first store failure of the process is logged at ERROR, naming the store's address
+  (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
-- a response whose status is in ``refund_statuses`` (default: 304) is refunded.
+- a response whose status is in ``refund_statuses`` (default: 304) is refunded;
+- an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
+  shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
+  granted when the driver could wait for it, is refunded and released;
+- with ``metrics``, every count above is also a decision of the check's name in
+  ``ratekeeper_decisions`` (``failed_open`` as ``degraded``, ``skipped`` as ``disabled``), a
+  rejection's key feeds the top-keys sketch, and requests in flight and the worker shedders'
+  drop probabilities are watched.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from ..admission import Ticket
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
+from ..limiter import store_name
+from ..metrics.core import Metrics
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
@@ -56,6 +67,14 @@ from .responses import (
 log = logging.getLogger("ratekeeper")
 
 Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
+OUTCOME = {
+    "allowed": "allowed",
+    "rejected": "rejected",
+    "shadow_rejected": "shadow_rejected",
+    "failed_open": "degraded",
+    "skipped": "disabled",
+}
+"""A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
 class Op(NamedTuple):
@@ -82,11 +101,13 @@ class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
     __slots__ = (
+        "aborted",
         "best",
         "charged",
         "done",
         "entered",
         "headers",
+        "key",
         "leases",
         "rejection",
         "tickets",
@@ -103,6 +124,9 @@ class Admission:
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+        self.aborted = False
+        self.key: str | None = None
+        """The caller key of the check being walked (for the top-keys sketch)."""
 
 
 class _Degraded(Exception):
@@ -124,6 +148,7 @@ class Gate:
         refund_statuses: Iterable[int],
         clock: Clock,
         log_interval: float,
+        metrics: Metrics | None = None,
         *,
         asgi: bool = False,
     ) -> None:
@@ -163,6 +188,24 @@ class Gate:
         }
         self._last_log = -1e18
         self._unlogged = 0
+        self.store_label = "(the store)"
+        """How the first store failure's ERROR names the store: the middleware sets its repr."""
+        self._store_reported = False
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.watch_in_flight(self.requests_in_flight)
+            for i, shedder in self._shedders.items():
+                metrics.watch_shedder(self.checks[i].name, shedder)
+
+    def requests_in_flight(self) -> int:
+        """Requests between ``admit`` and ``finish`` now."""
+        return self.in_flight
+
+    def count(self, name: str, what: str, key: str | None = None) -> None:
+        """Count one verdict of check ``name`` in the controls and the metrics."""
+        self.controls.count(name, what)
+        if self.metrics is not None:
+            self.metrics.decision(name, OUTCOME[what], key)
 
     def _default_shedder(self, check: WorkerCheck, asgi: bool) -> WorkerUtilizationShedder:
         """``ShedderSettings.fast()`` on the worst of: this process's CPU share (the smooth
@@ -192,21 +235,22 @@ class Gate:
             name = check.name
             mode = controls.mode(name)
             if mode == "off":
-                controls.count(name, "skipped")
+                self.count(name, "skipped")
                 continue
+            adm.key = None
             try:
                 verdict = yield from self._check(index, check, request, adm, mode)
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
             if verdict is True:
-                controls.count(name, "allowed")
+                self.count(name, "allowed")
             elif verdict is False:
                 continue
             elif mode == "shadow":
-                controls.count(name, "shadow_rejected")
+                self.count(name, "shadow_rejected", adm.key)
             else:
-                controls.count(name, "rejected")
+                self.count(name, "rejected", adm.key)
                 adm.rejection = verdict
                 return
         if adm.best is not None:
@@ -222,6 +266,7 @@ class Gate:
             key = check.key(request)
             if key is None:
                 return False
+            adm.key = key
             key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
                 lease = _unwrap((yield Op("acquire", index, key)))
@@ -295,12 +340,29 @@ class Gate:
                 self.in_flight -= 1
         ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
         if adm.charged and (
-            adm.rejection is not None or (status is not None and status in self.refund_statuses)
+            adm.rejection is not None
+            or adm.aborted
+            or (status is not None and status in self.refund_statuses)
         ):
             ops += [Op("refund", index, key, cost) for index, key, cost in adm.charged]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
+        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
+        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
+        unknown): a charge, lease or admission ticket it granted is given back too."""
+        if op is not None and result is not None and not isinstance(result, Failure):
+            if op.kind == "hit" and isinstance(result, Decision):
+                if result.allowed and not result.degraded:
+                    adm.charged.append((op.position, op.key, op.cost))
+            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
+                adm.leases.append((op.position, result))
+            elif isinstance(result, Ticket):  # enter
+                adm.tickets.append((op.position, result))
+        adm.aborted = True
+        return self.finish(adm, None)
 
     def shedding_stats(self) -> dict[str, Any]:
         """Per shedding check: the worker shedder's state or the admission queue's."""
@@ -318,7 +380,16 @@ class Gate:
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
-            self.controls.count(name, "failed_open")
+            self.count(name, "failed_open")
+        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+            self._store_reported = True
+            log.error(
+                "ratekeeper check %r: store %s does not answer (%s); requests go through "
+                "unchecked (fail open) until it does, later failures are logged as warnings",
+                name,
+                self.store_label,
+                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+            )
         if isinstance(exc, _Degraded):
             return
         self._unlogged += 1
@@ -389,9 +460,11 @@ def split_checks(
     clock: Clock,
     lease_class: Callable[..., _Lease],
     fleet_class: Callable[..., _Fleet],
+    metrics: Metrics | None = None,
 ) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
     """Index checks by position: rate configs, and one limiter per lease-based check, built on
-    ``store`` (also a lease store when such checks exist; the limiters check that).
+    ``store`` (also a lease store when such checks exist; the limiters check that), whose
+    breakers ``metrics`` watches.
 
     The ASGI and WSGI middleware pass their async or sync classes, whose constructors match.
     """
@@ -407,4 +480,8 @@ def split_checks(
             fleets[i] = fleet_class(
                 store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
             )
+    if metrics is not None:
+        holders: list[Any] = [*leases.values(), *(f.limiter for f in fleets.values())]  # type: ignore[attr-defined]  # both shedder classes have .limiter
+        for holder in holders:
+            metrics.watch_breakers(holder.breaker_states, store_name(store), "lease")
     return rates, leases, fleets

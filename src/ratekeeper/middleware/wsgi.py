@@ -4,7 +4,10 @@ The gate's flow runs with ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageSh
 store. A rejection is answered by the middleware; an allowed response gets its headers through a
 wrapped ``start_response``. The app's iterable is wrapped so that leases are released and 304s
 refunded when the server calls ``close()`` — after a streamed body, or when the client went away
-— and at once if the app raises.
+— and at once if the app raises. An admission interrupted by a ``BaseException`` (a gevent or
+eventlet timeout, ``KeyboardInterrupt``, ``SystemExit``) is ended with ``Gate.abort``: what it
+was granted is refunded and released before the exception goes on. (A store call interrupted
+mid-flight cannot say what it granted: such a lease expires after its ``lease_ttl``.)
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from ..admission import AdmissionQueue
 from ..clock import Clock
 from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
+from ..metrics.core import Metrics
 from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from .checks import Check, Controls
 from .gate import Admission, Gate, Op, run, split_checks
-from .request import PriorityFunc, from_environ
+from .request import PriorityFunc, from_environ, trusted_networks
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -49,11 +53,23 @@ class _Finishing:
             self._on_close()
 
 
+def _latin1(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Header pairs checked to be what PEP 3333 allows (latin-1 text): a value that is not
+    raises here, inside the fail-open guard, rather than in the server."""
+    out = list(headers)
+    for name, value in out:
+        name.encode("latin-1")
+        value.encode("latin-1")
+    return out
+
+
 class WSGIRateLimitMiddleware:
     """WSGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be a ``Store``, and a ``LeaseStore`` too
-    when there are concurrency or fleet checks.
+    when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges
+    of your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
+    every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -68,15 +84,21 @@ class WSGIRateLimitMiddleware:
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
+        self.gate = Gate(
+            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+        )
         self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
         self._admission = {i: AdmissionQueue(core) for i, core in self.gate.admissions.items()}
-        self.limiter = Limiter(self.store, clock=clock)
+        self.limiter = Limiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
         self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
+            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder, metrics
         )
 
     def _execute(self, op: Op) -> Any:
@@ -103,21 +125,30 @@ class WSGIRateLimitMiddleware:
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
 
+    def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
+        return self._execute(op)
+
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
         adm = Admission()
+        extra: list[tuple[str, str]] = []
         try:
-            run(gate.admit(from_environ(environ), adm), self._execute)
+            run(gate.admit(from_environ(environ, self.trusted_proxies), adm), self._execute)
+            rejection = adm.rejection
+            extra = _latin1(adm.headers if rejection is None else rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
-        rejection = adm.rejection
+            rejection = adm.rejection = None  # fail open: the request goes through
+        except BaseException:  # interrupted (module docstring): give back what was granted
+            self._run_ops(gate.abort(adm))
+            raise
         if rejection is not None:
             self._finish(adm, rejection.status)
-            start_response(rejection.status_line, list(rejection.headers))
+            start_response(rejection.status_line, extra)
             return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else rejection.body]
         if not adm.entered:  # exempt
             return self.app(environ, start_response)
-        extra = list(adm.headers)
         status: list[int | None] = [None]
 
         def start_with_headers(line: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
@@ -135,12 +166,14 @@ class WSGIRateLimitMiddleware:
         return _Finishing(result, lambda: self._finish(adm, status[0]))
 
     def _finish(self, adm: Admission, status: int | None) -> None:
-        gate = self.gate
-        for op in gate.finish(adm, status):
+        self._run_ops(self.gate.finish(adm, status))
+
+    def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
             try:
                 self._execute(op)
             except Exception as exc:
-                gate.finish_failed(op, exc)
+                self.gate.finish_failed(op, exc)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

@@ -1,6 +1,7 @@
-"""Prometheus metrics of the service, on a registry of its own (no global state).
+"""The service's metrics: ratekeeper's one vocabulary (``ratekeeper.metrics``), exported on a
+Prometheus registry of its own (no global state) at ``/metrics``.
 
-Names (all prefixed ``ratekeeper_``):
+Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabulary``):
 
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
@@ -8,9 +9,12 @@ Names (all prefixed ``ratekeeper_``):
 - ``store_latency_seconds``: histogram of store calls (one per batch when batching; lease
   calls of concurrency policies too);
 - ``store_errors_total``: store calls that raised;
+- ``breaker_state{store, shard, kind}``: 0 closed, 1 failing, 2 open, per store part;
+- ``in_flight_requests``: HTTP requests being served;
 - ``batch_size``: histogram of plans per store call;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
-- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded.
+- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
+- ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``).
 
 Also: ``InstrumentedStore`` and ``InstrumentedLeases``, the store wrappers that feed the
 latency and error metrics.
@@ -18,66 +22,35 @@ latency and error metrics.
 
 from __future__ import annotations
 
+import math
+import re
+import struct
 import time
+from collections.abc import Iterator
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..algorithms import Outcome
+from ..metrics import core
+from ..metrics.prometheus import register
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.sharded import ShardedRedisStore
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOP_KEYS = 64
+"""Rejected (policy, key) pairs the dashboard's Space-Saving sketch keeps."""
 
 
-class Metrics:
-    """The service's metrics and their exposition."""
+class Metrics(core.Metrics):
+    """The service's metrics (the shared ``Metrics``) and their exposition."""
 
     def __init__(self) -> None:
-        # the *_created series only double the scrape size (prometheus_client is untyped here)
-        disable_created_metrics()  # type: ignore[no-untyped-call]
+        super().__init__(top_keys=TOP_KEYS)
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.decisions = Counter(
-            "ratekeeper_decisions", "Decisions by policy and outcome.", ["policy", "outcome"],
-            registry=r,
-        )  # fmt: skip
-        self.store_latency = Histogram(
-            "ratekeeper_store_latency_seconds", "Latency of store calls.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.store_errors = Counter(
-            "ratekeeper_store_errors", "Store calls that raised.", registry=r
-        )
-        self.batch_size = Histogram(
-            "ratekeeper_batch_size", "Plans per store call.", buckets=_BATCH_BUCKETS, registry=r
-        )
-        self.refused = Counter(
-            "ratekeeper_requests_refused", "Requests refused before counting.", ["reason"],
-            registry=r,
-        )  # fmt: skip
-        self.reloads = Counter(
-            "ratekeeper_config_reloads", "Config reloads by result.", ["result"], registry=r
-        )
-        self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
-        self._children: dict[tuple[str, str], Counter] = {}
-
-    def decision(self, policy: str, outcome: str) -> None:
-        """Count one decision (label children are cached: this is on the hot path)."""
-        child = self._children.get((policy, outcome))
-        if child is None:
-            child = self.decisions.labels(policy, outcome)
-            self._children[(policy, outcome)] = child
-        child.inc()
+        register(self, self.registry)
+        self.envoy = EnvoyStats(self.registry, 0.8, 1000)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
@@ -134,10 +107,10 @@ class InstrumentedLeases:
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         start = time.perf_counter()
         try:
-            return await self.inner.release_lease_async(key, lease_id)
+            return await self.inner.release_lease_async(key, lease_id, now_ms)
         except Exception:
             self.metrics.store_errors.inc()
             raise
@@ -146,3 +119,133 @@ class InstrumentedLeases:
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         return await self.inner.count_leases_async(key, now_ms)
+
+
+_IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
+OTHER = "<other>"
+"""The ``key`` (or ``domain``) label of caller-derived stat keys past ``max_stat_keys``."""
+
+
+def sanitize(key: str) -> str:
+    """Upstream's stat name clean-up: ``:`` and ``|`` become ``_``, so do an IPv4's dots."""
+    key = key.replace(":", "_").replace("|", "_")
+    return _IPV4.sub(lambda m: m.group().replace(".", "_"), key) if "." in key else key
+
+
+class EnvoyStats:
+    """envoyproxy/ratelimit's per-limit counters as Prometheus series, labelled by ``domain``
+    and ``key`` (the stat key after the domain, e.g. ``key1_value1.subkey1``).
+
+    Per decided limit and request, by ``hits`` (upstream's rules): ``total_hits``; a hit over
+    the limit adds to ``over_limit`` (and ``over_limit_with_local_cache`` when the local cache
+    answered, ``shadow_mode`` for a shadow limit); a request that crossed the limit counts the
+    hits up to it as ``near_limit``; an admitted request adds to ``within_limit``, and to
+    ``near_limit`` for its hits past the near-limit threshold (``floor(limit x ratio)``, in
+    float32 as upstream). Keys built from caller text (``detailed_metric``, ``value_to_metric``,
+    limit overrides, unknown domains) are bounded: past ``max_keys`` distinct ones they count
+    under ``<other>``.
+
+    The counts are plain integers in a dict (this is on every decision's path: a
+    prometheus_client ``inc`` costs a lock and two calls); ``collect`` turns them into
+    counter families when Prometheus scrapes.
+    """
+
+    STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode",
+             "over_limit_with_local_cache")  # fmt: skip
+
+    def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
+        self.configure(near_limit_ratio, max_keys)
+        self._counts: dict[tuple[str, str], list[int]] = {}
+        self._labels: dict[tuple[str, str], tuple[str, str]] = {}
+        self._dynamic: set[tuple[str, str]] = set()
+        self._not_found: dict[str, int] = {}
+        self.global_shadow_mode = 0
+        registry.register(self)  # a collector: it has collect()
+
+    def configure(self, near_limit_ratio: float, max_keys: int) -> None:
+        """Apply (re)loaded settings."""
+        self.ratio = _f32(near_limit_ratio)
+        self.max_keys = max_keys
+        self._near: dict[int, int] = {}
+
+    def counts(self, domain: str, key: str, dynamic: bool) -> list[int]:
+        """The six counts of a stat key (``domain.rest``), in ``STATS`` order."""
+        found = self._counts.get((domain, key))
+        if found is None:
+            if dynamic and (domain, key) not in self._dynamic:
+                if len(self._dynamic) >= self.max_keys:
+                    return self.counts(domain, domain + "." + OTHER, False)
+                self._dynamic.add((domain, key))
+            rest = sanitize(key[len(domain) + 1 :]) if key.startswith(domain + ".") else key
+            found = [0, 0, 0, 0, 0, 0]
+            self._counts[(domain, key)] = found
+            self._labels[(domain, key)] = (domain, rest)
+        return found
+
+    def count(
+        self, domain: str, key: str, dynamic: bool, hits: int, limit: int, remaining: int,
+        over: bool, local: bool, shadow: bool,
+    ) -> None:  # fmt: skip
+        """Count one decided limit: ``remaining`` is what the decision found (when ``over``)
+        or left (when admitted)."""
+        c = self._counts.get((domain, key)) or self.counts(domain, key, dynamic)
+        c[0] += hits
+        near = self._near.get(limit)
+        if near is None:
+            near = self._near[limit] = self.threshold(limit)
+        if not over:
+            after = limit - remaining
+            if after > near:
+                before = after - hits
+                c[2] += hits if before >= near else after - near
+            c[3] += hits
+        elif local:
+            c[1] += hits
+            c[5] += hits
+            if shadow:
+                c[4] += hits
+        else:
+            crossed = remaining > 0  # the request found room, and asked for more
+            excess = hits - remaining if crossed else hits
+            c[1] += excess
+            if crossed:
+                before = limit - remaining
+                c[2] += limit - (near if near > before else before)
+            if shadow:
+                c[4] += excess
+
+    def threshold(self, limit: int) -> int:
+        """Upstream's near-limit threshold: ``floor(float32(limit) * ratio)`` in float32."""
+        return math.floor(_f32(_f32(limit) * self.ratio))
+
+    def not_found(self, domain: str) -> None:
+        if domain not in self._not_found and len(self._not_found) >= self.max_keys:
+            domain = OTHER
+        self._not_found[domain] = self._not_found.get(domain, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        """The counter families (``ratekeeper_envoy_<stat>_total``) for a scrape."""
+        for i, stat in enumerate(self.STATS):
+            family = CounterMetricFamily(
+                f"ratekeeper_envoy_{stat}", f"envoyproxy/ratelimit's {stat} per limit.",
+                labels=["domain", "key"],
+            )  # fmt: skip
+            for k, values in self._counts.items():
+                family.add_metric(self._labels[k], values[i])
+            yield family
+        missing = CounterMetricFamily(
+            "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
+            labels=["domain"],
+        )  # fmt: skip
+        for domain, n in self._not_found.items():
+            missing.add_metric([domain], n)
+        yield missing
+        yield CounterMetricFamily(
+            "ratekeeper_envoy_global_shadow_mode",
+            "Requests answered OK by the global shadow mode although over the limit.",
+            value=self.global_shadow_mode,
+        )
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])

@@ -14,11 +14,15 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
   bounded time before the limiter's fail-open and circuit breaker take over.
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
   are delegated to ``redis_leases`` over the same clients and prefix.
+- ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
+  nothing, so a wrong address would otherwise show only as degraded decisions); errors and
+  ``repr`` name the server by ``address`` (``host:port/db``), never its password.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -64,6 +68,25 @@ def _retry(kind: type[_R]) -> _R:
     return kind(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 
 
+def address(url: str) -> str:
+    """``host:port/db`` (or the socket path) of a URL: what logs and errors name, without
+    credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    db = parts.path.strip("/") or "0"
+    return f"{parts.hostname}:{parts.port or 6379}/{db}"
+
+
+def client_address(client: Any) -> str:
+    """``host:port/db`` of a redis-py client (sync or asyncio), from its connection settings."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    host, port = kwargs.get("host", "?"), kwargs.get("port", 6379)
+    return f"{host}:{port}/{kwargs.get('db', 0)}"
+
+
 class RedisStore:
     """Runs plans on one Redis with the algorithms' Lua twins."""
 
@@ -95,13 +118,39 @@ class RedisStore:
             raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
         self.client = client
         self.async_client = async_client
+        self.address = address(url) if url is not None else client_address(client or async_client)
         self._leases = None if client is None else RedisLeases(client, prefix)
         self._async_leases = (
             None if async_client is None else AsyncRedisLeases(async_client, prefix)
         )
 
     def __repr__(self) -> str:
-        return f"RedisStore(prefix={self.prefix!r})"
+        return f"RedisStore({self.address!r}, prefix={self.prefix!r})"
+
+    def ping(self) -> None:
+        """Check the server answers; ``StoreUnavailable`` naming its address if not."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use ping_async")
+        try:
+            client.ping()
+        except (RedisError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+
+    async def ping_async(self) -> None:
+        """``ping`` on the asyncio client."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisStore has only a sync client; use ping")
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"redis at {self.address} does not answer: {type(exc).__name__}: {exc}"
+        )
 
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan with one script call (``reset``: one ``DEL``)."""
@@ -155,9 +204,9 @@ class RedisStore:
         """Sweep, count and add one lease in one script (``LeaseStore``)."""
         return self._sync_leases().acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
-        return self._sync_leases().release_lease(key, lease_id)
+        return self._sync_leases().release_lease(key, lease_id, now_ms)
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (``LeaseStore``)."""
@@ -170,9 +219,9 @@ class RedisStore:
         leases = self._aio_leases()
         return await leases.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio client."""
-        return await self._aio_leases().release_lease_async(key, lease_id)
+        return await self._aio_leases().release_lease_async(key, lease_id, now_ms)
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """The same as ``count_leases``, on the asyncio client."""

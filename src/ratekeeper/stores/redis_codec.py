@@ -18,8 +18,9 @@ The wire contract shared by every script (each script's header repeats it):
 ``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag);
 ``ARGV`` is ``op`` (``hit``/``peek``/``refund``), ``now_ms``, ``cost``, then three integers per
 rate: ``count``, ``period_ms`` and ``extra`` (``burst`` for token_bucket and gcra, ``buckets``
-for sliding_window, 0 otherwise). ``hit``/``peek`` reply four integers per rate: allowed (1/0),
-remaining, reset_ms and retry_ms (-1 for never); ``refund`` replies an empty array.
+for sliding_window, the option bits ``Limit.flags`` otherwise). ``hit``/``peek`` reply four
+integers per rate: allowed (1/0), remaining, reset_ms and retry_ms (-1 for never); ``refund``
+replies an empty array.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def policy_args(policy: Policy) -> tuple[int, ...]:
         elif name in ("token_bucket", "gcra"):
             extra = limit.capacity
         else:
-            extra = 0
+            extra = limit.flags  # fixed_window's option bits; 0 for the others
         out += (limit.count, limit.period_ms, extra)
     return tuple(out)
 

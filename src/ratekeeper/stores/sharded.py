@@ -34,7 +34,7 @@ from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .keys import check_prefix, encode_tag
-from .redis import RedisStore
+from .redis import RedisStore, address
 from .rendezvous import Rendezvous
 
 REPLICA_COOLDOWN_MS = 1000
@@ -65,15 +65,6 @@ def check_url(url: object, what: str = "url") -> str:
     if db and not db.isdigit():
         raise ConfigError(f"{what} {url!r} has database {db!r}; expected a number, e.g. /0")
     return url
-
-
-def address(url: str) -> str:
-    """``host:port/db`` (or the socket path) of a URL: a shard's default name, no credentials."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return parts.path
-    db = parts.path.strip("/") or "0"
-    return f"{parts.hostname}:{parts.port or 6379}/{db}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +195,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease on the owning shard's primary (``LeaseStore``)."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return node.primary.release_lease(key, lease_id)
+            return node.primary.release_lease(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -232,11 +223,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio clients."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return await node.primary.release_lease_async(key, lease_id)
+            return await node.primary.release_lease_async(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -247,6 +238,25 @@ class ShardedRedisStore:
             return await node.primary.count_leases_async(key, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
+
+    def ping(self) -> None:
+        """Check every server (primaries and replicas) answers; ``StoreUnavailable`` naming
+        the shard and server that does not."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                try:
+                    store.ping()
+                except StoreUnavailable as exc:
+                    raise _unavailable(node, exc) from exc
+
+    async def ping_async(self) -> None:
+        """``ping`` on the asyncio clients."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                try:
+                    await store.ping_async()
+                except StoreUnavailable as exc:
+                    raise _unavailable(node, exc) from exc
 
     def close(self) -> None:
         """Close every sync client's connections."""
