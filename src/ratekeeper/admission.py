@@ -231,6 +231,8 @@ class AdmissionQueue:
             decided = self.core.release(ticket, self.core.clock())
         _wake(decided)
 
+    leave = release
+
 
 def _wake(decided: list[Waiter], me: Waiter | None = None) -> None:
     for waiter in decided:
@@ -295,6 +297,10 @@ class AsyncAdmissionQueue:
         """Give a slot back (None: nothing to give)."""
         if ticket is not None:
             _resolve(self.core.release(ticket, self.core.clock()))
+
+    async def leave(self, ticket: Ticket | None) -> None:
+        """``release``, awaitable like the runner's other calls."""
+        self.release(ticket)
 
 
 def _resolve(decided: list[Waiter], me: Waiter | None = None) -> None:
