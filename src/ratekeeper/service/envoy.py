@@ -40,7 +40,7 @@ from ..errors import BadRequest
 from ..plan import make_policy
 from ..rates import Rate
 from .engine import Engine, Result, envoy_key, store_key
-from .envoy_config import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode
+from .envoy_config import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode, EnvoySettings
 from .envoy_match import Entries, find, override_stats_key
 from .metrics import EnvoyStats
 from .policies import PolicySpec
@@ -116,11 +116,13 @@ class Envoy:
     ) -> Answer:
         """One status per descriptor, in order (see the module docstring)."""
         engine = self.engine
-        settings = engine.config.envoy
-        root = engine.config.domains.get(domain)
+        config = engine.config  # one config for the whole request, whatever a reload does
+        settings = config.envoy
+        root = config.domains.get(domain)
         if root is None:
             self.stats.not_found(domain)
-            return self._finish(domain, descriptors, hits, [NO_LIMIT] * len(descriptors), {})
+            nothing = [NO_LIMIT] * len(descriptors)
+            return self._finish(settings, domain, descriptors, hits, nothing, {})
         if len(descriptors) == 1:  # Envoy's usual call: its resolution is cached
             items, unlimited = self._resolve_one(domain, root, descriptors[0], hits)
         else:
@@ -129,11 +131,14 @@ class Envoy:
             results = await self._stop_increment(items)
         else:
             results = []
-            decide = engine.decide
+            decide_now = engine.decide_now
             for n, item in enumerate(items, 1):
                 cost = item.cost
                 op = "hit" if cost > 0 else "peek"
-                results.append(await decide(op, item.spec, item.key, cost, item.stored))
+                result = decide_now(op, item.spec, item.key, cost, item.stored)
+                if result is None:
+                    result = await engine.ask(op, item.spec, item.key, cost, item.stored)
+                results.append(result)
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         statuses: list[Status] = [UNLIMITED if u else NO_LIMIT for u in unlimited]
@@ -141,7 +146,7 @@ class Envoy:
         for item, result in zip(items, results, strict=True):
             statuses[item.at] = self._status(domain, item, result)
             by_index[item.at] = item
-        return self._finish(domain, descriptors, hits, statuses, by_index)
+        return self._finish(settings, domain, descriptors, hits, statuses, by_index)
 
     def _resolve(
         self, domain: str, root: EnvoyNode, descriptors: Sequence[Descriptor], hits: int
@@ -222,7 +227,10 @@ class Envoy:
 
     async def _one(self, item: _Item, cost: int, op: str = "") -> Result:
         op = op or ("hit" if cost > 0 else "peek")
-        return await self.engine.decide(op, item.spec, item.key, cost, item.stored)
+        result = self.engine.decide_now(op, item.spec, item.key, cost, item.stored)
+        if result is None:
+            result = await self.engine.ask(op, item.spec, item.key, cost, item.stored)
+        return result
 
     async def _stop_increment(self, items: list[_Item]) -> list[Result]:
         """Upstream reads every counter first; when some would go over, only those are
@@ -263,13 +271,13 @@ class Envoy:
 
     def _finish(
         self,
+        settings: EnvoySettings,
         domain: str,
         descriptors: Sequence[Descriptor],
         hits: int,
         statuses: list[Status],
         by_index: dict[int, _Item],
     ) -> Answer:
-        settings = self.engine.config.envoy
         failed = quota_failed = quota_total = 0
         chosen: Status | None = None
         least = MAX_UINT32
@@ -289,36 +297,41 @@ class Envoy:
                 passed.append(i)
             quota_total += quota
         over = failed > 0 or (quota_total > 0 and quota_total == quota_failed)
-        headers = self._headers(chosen, statuses) if settings.response_headers != "none" else []
+        headers = (
+            [] if settings.response_headers == "none" else _headers(settings, chosen, statuses)
+        )
         if over and settings.shadow_mode:
             over = False
-            self.stats.global_shadow_mode += 1
+            self.stats.shadowed()
         metadata = None
         if settings.response_dynamic_metadata:
             metadata = _metadata(domain, descriptors, hits, passed, by_index)
         return Answer(over, statuses, headers, metadata)
 
-    def _headers(self, chosen: Status | None, statuses: list[Status]) -> list[tuple[str, str]]:
-        settings = self.engine.config.envoy
-        if settings.response_headers == "upstream":
-            if chosen is None or chosen.limit is None:
-                return []
-            names = settings.header_names
-            return [
-                (names.limit, str(chosen.limit[0])),
-                (names.remaining, str(chosen.remaining)),
-                (names.reset, str(math.ceil(chosen.reset))),
-            ]
-        tightest = None  # ratekeeper's headers: the rejecting result, else the least remaining
-        for status in statuses:
-            r = status.result
-            if r is None:
-                continue
-            if tightest is None or _tighter(r, tightest):
-                tightest = r
-        if tightest is None:
+
+def _headers(
+    settings: EnvoySettings, chosen: Status | None, statuses: list[Status]
+) -> list[tuple[str, str]]:
+    """The headers ``response_headers`` asks for (see the module docstring)."""
+    if settings.response_headers == "upstream":
+        if chosen is None or chosen.limit is None:
             return []
-        return list(tightest.decision.headers(tightest.policy).items())
+        names = settings.header_names
+        return [
+            (names.limit, str(chosen.limit[0])),
+            (names.remaining, str(chosen.remaining)),
+            (names.reset, str(math.ceil(chosen.reset))),
+        ]
+    tightest = None  # ratekeeper's headers: the rejecting result, else the least remaining
+    for status in statuses:
+        r = status.result
+        if r is None:
+            continue
+        if tightest is None or _tighter(r, tightest):
+            tightest = r
+    if tightest is None:
+        return []
+    return list(tightest.decision.headers(tightest.policy).items())
 
 
 def _tighter(a: Result, b: Result) -> bool:
