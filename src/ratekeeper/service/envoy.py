@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import BadRequest
@@ -74,9 +73,9 @@ class Status(NamedTuple):
     result: Result | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The whole reply: overall code, statuses in request order, headers, metadata."""
+class Answer(NamedTuple):
+    """The whole reply: overall code, statuses in request order, headers, metadata (a named
+    tuple: one is made per request)."""
 
     over: bool
     statuses: list[Status]

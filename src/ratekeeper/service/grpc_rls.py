@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from ..errors import BadRequest
 from .envoy import Answer, Descriptor, Envoy, check_override_unit
 from .http import check_bearer
+from .rls_reply import ReplyEncoder
 
 SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 MAX_HITS = 2**31 - 1
@@ -55,6 +56,7 @@ class Wire:
         self.envoy = envoy
         self._parsed: dict[bytes, Parsed] = {}
         self._generation = envoy.engine.generation
+        self._encoder = ReplyEncoder()
 
     def authorized(self, metadata: Any) -> bool:
         """Whether ``metadata`` carries the client or the admin token (as HTTP's client
@@ -103,7 +105,7 @@ class Wire:
 
     def reply(self, answer: Answer) -> bytes:
         """The serialized ``RateLimitResponse``."""
-        return build_response(answer).SerializeToString()  # type: ignore[no-any-return]
+        return self._encoder.encode(answer)
 
 
 def too_large(reply: bytes) -> str | None:
@@ -251,37 +253,6 @@ def check_reply_size(request: Any, dynamic_metadata: bool) -> None:
         raise BadRequest(
             "descriptors", f"the reply to this request could exceed {MAX_REPLY_BYTES} bytes"
         )
-
-
-def build_response(answer: Answer) -> Any:
-    """Statuses in request order, the overall code, headers and dynamic metadata (built from
-    plain dicts: one constructor call is cheaper than setting fields one by one)."""
-    statuses = []
-    for status in answer.statuses:
-        out: dict[str, Any] = {
-            "code": Response.OVER_LIMIT if status.over else Response.OK,
-            "limit_remaining": status.remaining,
-        }
-        if status.limit is not None:
-            requests, unit, name = status.limit
-            out["current_limit"] = {
-                "requests_per_unit": min(requests, 2**32 - 1), "unit": unit, "name": name
-            }  # fmt: skip
-            whole = int(status.reset)
-            if status.reset == whole:
-                out["duration_until_reset"] = {"seconds": whole}
-            else:
-                nanos = round((status.reset - whole) * 1e9) % 10**9
-                out["duration_until_reset"] = {"seconds": whole, "nanos": nanos}
-        statuses.append(out)
-    response = Response(
-        overall_code=Response.OVER_LIMIT if answer.over else Response.OK,
-        statuses=statuses,
-        response_headers_to_add=[{"key": k, "value": v} for k, v in answer.headers],
-    )
-    if answer.metadata is not None:
-        response.dynamic_metadata.update(answer.metadata)
-    return response
 
 
 def handler(
