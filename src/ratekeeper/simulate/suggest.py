@@ -65,6 +65,22 @@ class Demand:
             self._spool.write(buf.tobytes())
             del buf[:]
 
+    def add_run(self, keys: list[str], now_ms: int) -> None:
+        """``add`` for one request of cost 1 per key, all at ``now_ms``."""
+        ids = self.ids
+        totals = self.totals
+        buf = self._buffer
+        for key in keys:
+            kid = ids.get(key)
+            if kid is None:
+                kid = ids[key] = len(totals)
+                totals.append(0)
+            totals[kid] += 1
+            buf.extend((kid, now_ms, 1))
+        if len(buf) >= CHUNK:
+            self._spool.write(buf.tobytes())
+            del buf[:]
+
     def _replay(self) -> Iterator[array[int]]:
         if self._buffer:
             self._spool.write(self._buffer.tobytes())
