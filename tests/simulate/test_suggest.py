@@ -36,6 +36,37 @@ def limited_keys(events: list[tuple[str, int, int]], n: int, period: float, algo
     return hit
 
 
+def brute_needs(events: list[tuple[str, int, int]], period: float, algo: str) -> dict[str, float]:
+    """Each key's need: the smallest count under which ``Limiter.hit`` rejects none of it."""
+    keys = {k for k, _, _ in events}
+    most = sum(c for _, _, c in events)
+    brute: dict[str, float] = {}
+    for n in range(1, most + 1):
+        limited = limited_keys(events, n, period, algo)
+        for k in keys - limited - brute.keys():
+            brute[k] = float(n)
+        if len(brute) == len(keys):
+            break
+    return brute
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_needs_of_steady_and_bursty_keys_match_brute_force(algorithm: str) -> None:
+    """Keys whose need is far from their peak usage at their total (a steady key under a
+    token bucket: at the total, its bucket refills far faster) and keys of one burst."""
+    start = 1_700_000_000_000
+    events = [("steady", start + i * 450, 1) for i in range(100)]
+    events += [("burst", start + 20_000 + i, 2) for i in range(30)]
+    events += [("both", start + i * 900, 1 + 3 * (i % 25 == 0)) for i in range(50)]
+    events.sort(key=lambda e: e[1])
+    demand = Demand(5000)
+    for key, t, cost in events:
+        demand.add(key, t, cost)
+    needs = demand.needs(algorithm)
+    assert {k: needs[i] for k, i in demand.ids.items()} == brute_needs(events, 5.0, algorithm)
+    demand.close()
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("seed", range(4))
 def test_needs_and_suggestion_match_brute_force(algorithm: str, seed: int) -> None:
@@ -47,13 +78,8 @@ def test_needs_and_suggestion_match_brute_force(algorithm: str, seed: int) -> No
     needs = demand.needs(algorithm)
     keys = list(demand.ids)
     totals = {k: sum(c for kk, _, c in events if kk == k) for k in keys}
-    brute = {}
-    for n in range(1, max(totals.values()) + 1):
-        limited = limited_keys(events, n, period, algorithm)
-        for k in keys:
-            if k not in limited and k not in brute:
-                brute[k] = n
-    assert {k: needs[demand.ids[k]] for k in keys} == {k: float(brute[k]) for k in keys}
+    brute = brute_needs(events, period, algorithm)
+    assert {k: needs[demand.ids[k]] for k in keys} == brute
     for share in (0.0, 0.2, 0.5):
         s = suggest(needs, share, algorithm, period)
         allowed = math.floor(share * len(keys) + 1e-9)
