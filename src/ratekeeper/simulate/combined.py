@@ -17,10 +17,9 @@ import re
 from collections.abc import Collection, Iterator
 from typing import IO, Protocol
 
-TEMPLATE = (
-    r'{ip} \S+ {user} \[{time}\] "{method} {path}(?: {protocol})?" {status} {bytes}'
-    r'(?: "{referer}" "{user_agent}")?'
-)
+HEAD = r'{ip} \S+ {user} \[{time}\] "{method} {path}(?: {protocol})?" {status} {bytes}'
+TAIL = r'(?: "{referer}" "{user_agent}")?'
+TEMPLATE = HEAD + TAIL
 FIELDS = {
     "ip": r"\S+",
     "user": r"\S+",
@@ -39,14 +38,14 @@ BLOCK_CHARS = 1 << 20
 """Characters read at a time (then cut after the last whole line)."""
 
 
-def line_pattern(names: Collection[str]) -> str:
+def line_pattern(names: Collection[str], template: str = TEMPLATE) -> str:
     """The format with a group for each of ``names`` (the other fields match ungrouped)."""
 
     def field(m: re.Match[str]) -> str:
         name = m.group(1)
-        return f"({FIELDS[name]})" if name in names else f"(?:{FIELDS[name]})"
+        return f"({FIELDS[name]})" if name in names else FIELDS[name]
 
-    return re.sub(r"\{(\w+)\}", field, TEMPLATE)
+    return re.sub(r"\{(\w+)\}", field, template)
 
 
 LINE = re.compile(line_pattern(NAMES))
@@ -54,8 +53,13 @@ LINE = re.compile(line_pattern(NAMES))
 
 def block_pattern(names: Collection[str]) -> re.Pattern[str]:
     """One match per line of a block (each line ends with a newline): the groups of
-    ``names`` and ``time`` for a line in the format, else only the last group, its text."""
-    return re.compile(f"(?:{line_pattern({*names, 'time'})}[^\\n]*|([^\\n]*))\\n")
+    ``names`` and ``time`` for a line in the format, else only the last group, its text.
+    The optional referer and user agent are matched only when asked for: whatever follows
+    the bytes on a line is ignored anyway, so they change neither whether a line matches
+    nor the fields before them."""
+    tail = "referer" in names or "user_agent" in names
+    line = line_pattern({*names, "time"}, TEMPLATE if tail else HEAD)
+    return re.compile(f"(?:{line}[^\\n]*|([^\\n]*))\\n")
 
 
 class _Counts(Protocol):
