@@ -223,18 +223,38 @@ class LogReader:
         try:
             for block in blocks(text, first, stats):
                 start = n
-                for row in rows(block):
+                for (
+                    ip,
+                    user,
+                    when,
+                    method,
+                    path,
+                    protocol,
+                    status,
+                    size,
+                    referer,
+                    agent,
+                    bad,
+                ) in rows(block):
                     n += 1
-                    when = row[2]
                     if when != seen:
-                        value = time_of(when, row, n, block, n - start)
+                        value = time_of(when, bad, n, block, n - start)
                         if value is None:
                             skipped += 1
                             continue
                         t, seen = value, when
-                    fields = dict(zip(NAMES, row, strict=False))  # the last group is left
-                    del fields["time"]
-                    if fields["user"] == "-":
+                    fields = {  # NAMES but the time (a display: far cheaper than dict(zip()))
+                        "ip": ip,
+                        "user": user,
+                        "method": method,
+                        "path": path,
+                        "protocol": protocol,
+                        "status": status,
+                        "bytes": size,
+                        "referer": referer,
+                        "user_agent": agent,
+                    }
+                    if user == "-":
                         del fields["user"]
                     yield Entry(t, fields)
                 stats.lines = n  # the progress bar reads it
@@ -262,7 +282,7 @@ class LogReader:
                     n += 1
                     when = row[at]
                     if when != seen:
-                        t = time_of(when, row, n, block, n - start)
+                        t = time_of(when, row[-1], n, block, n - start)
                         if t is None:
                             skipped += 1
                             continue
@@ -279,12 +299,12 @@ class LogReader:
             stats.lines = n
             stats.parsed += n - begun - skipped
 
-    def _time_of(self, when: str, row: tuple[str, ...], n: int, block: str, i: int) -> float | None:
-        """The time of line ``n`` (the ``i``-th of ``block``, parsed into ``row``), or None
-        when it is not in the format or its time is not a time (then it is counted bad)."""
+    def _time_of(self, when: str, bad: str, n: int, block: str, i: int) -> float | None:
+        """The time of line ``n`` (the ``i``-th of ``block``), or None when it is not in the
+        format (then ``bad`` is its text) or its time is not a time (both counted bad)."""
         if not when:
-            if row[-1].strip():  # a blank line is not a bad one
-                self.stats.bad(n, row[-1], "not in combined log format")
+            if bad.strip():  # a blank line is not a bad one
+                self.stats.bad(n, bad, "not in combined log format")
             return None
         try:
             return self.time(when)

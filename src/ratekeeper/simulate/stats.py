@@ -101,7 +101,8 @@ class LimitStats:
 
 
 class Recorder(Metrics):
-    """Metrics that also hand each decision to the replay's ``LimitStats``."""
+    """Metrics that hand each decision to the replay's ``LimitStats`` instead of counting
+    it (a replay reports no metric: its stats are the count)."""
 
     def __init__(self, limits: dict[str, LimitStats], clock: Callable[[], float]) -> None:
         super().__init__()
@@ -109,7 +110,6 @@ class Recorder(Metrics):
         self.clock = clock
 
     def decision(self, policy: str, outcome: str, key: str | None = None) -> None:
-        super().decision(policy, outcome, key)
         stats = self.limits.get(policy)
         if stats is not None:
             stats.decided(outcome, key, self.clock())
