@@ -11,7 +11,9 @@ What belongs where:
   (also importable as ``ratekeeper.middleware.keys``);
 - ``responses``: rejection bodies and headers, pure;
 - ``gate``: the admission rules, written once as generators of store operations;
-- ``asgi`` / ``wsgi``: the two drivers, a screenful of I/O each.
+- ``runner``: those operations carried out on sync or async limiters (``Runner``,
+  ``AsyncRunner``), for the middleware and the framework integrations;
+- ``asgi`` / ``wsgi``: the two middleware, a screenful of I/O each.
 
 No web framework is imported here or anywhere in ratekeeper's middleware.
 """

@@ -7,30 +7,30 @@ released and 304s refunded when the app returns — after the last body chunk of
 response, or when it raises or is cancelled because the client went away (shielded from that
 cancellation on asyncio, so the release itself is not cancelled).
 
-Cancelled during admission (client gone, an outer timeout, shutdown): on asyncio each store
-call of the admission runs as a shielded task, so the call in flight completes; what it and the
-earlier checks granted is then refunded and released (``Gate.abort``) before the cancellation
-goes on. A store without I/O (``LocalStore``: the memory store) is never suspended mid-call,
-so its calls run inline.
+Cancelled during admission (client gone, an outer timeout, shutdown): see ``AsyncRunner``;
+what was granted is refunded and released before the cancellation goes on.
+
+The request's ``Admission`` is left in the scope (``gate.SCOPE_KEY``): a framework integration
+walks a route's limits into it after routing (``admit_route``), and the headers are read when
+the response starts, so they include those limits'.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
 from ..metrics.core import Metrics
-from ..shedding import AsyncFleetUsageShedder
-from ..stores.base import AsyncStore, LocalStore
+from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
-from .gate import Admission, Failure, Gate, Op, run_async, split_checks
+from .checks import ChargeWhen, Check, Controls
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_scope, trusted_networks
+from .responses import Rejection
+from .runner import AsyncRunner
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -50,14 +50,6 @@ def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
             raw = _NAMES[name] = name.lower().encode("latin-1")
         out.append((raw, value.encode("latin-1")))
     return out
-
-
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class RateLimitMiddleware:
@@ -80,6 +72,7 @@ class RateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
@@ -88,61 +81,42 @@ class RateLimitMiddleware:
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(
-            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
-        self.limiter = AsyncLimiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks,
-            self.store,
-            clock,
-            AsyncConcurrencyLimiter,
-            AsyncFleetUsageShedder,
-            metrics,
-        )
-        self._inline = isinstance(self.store, LocalStore)
-
-    async def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return await call(
-                op.key,
-                c.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return await self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return await self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return await holder.release(op.lease)
+        self.runner = AsyncRunner(self.gate, self.store, clock)
+        self.limiter: AsyncLimiter = self.runner.limiter
 
     async def execute(self, op: Op) -> Any:
         """Run one of the gate's store operations (the WSGI twin serves ``simulate``)."""
-        return await self._execute(op)
+        return await self.runner.execute(op)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         gate = self.gate
-        adm = Admission()
+        request = from_scope(scope, self.trusted_proxies)
+        adm = scope[SCOPE_KEY] = Admission(request)
         extra: list[tuple[bytes, bytes]] = []
         try:
-            await self._admit(scope, adm)
-            rejection = adm.rejection
-            extra = _encode(adm.headers if rejection is None else rejection.headers)
+            rejection = await self.runner.admit(request, adm)
+            if rejection is not None:
+                extra = _encode(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
             rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
-            await self._finish(adm, rejection.status)
+            await self.runner.finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
             await send({**start, "headers": extra})
             body = b"" if scope.get("method") == "HEAD" else rejection.body
@@ -157,70 +131,29 @@ class RateLimitMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if extra:
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                # read now: a route's limits may have joined the admission after routing
+                added = added_headers(adm)
+                if added:
+                    try:
+                        more = _encode(added)
+                    except Exception as exc:  # never break the app's response
+                        gate.failed_open("ratekeeper", exc)
+                    else:
+                        message = {**message, "headers": [*message.get("headers", ()), *more]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            await self._finish(adm, status)
+            await self.runner.finish(adm, status)
 
-    async def _admit(self, scope: Scope, adm: Admission) -> None:
-        """Run the gate's flow; cancelled mid-way, give back what it was granted (module
-        docstring) and let the cancellation go on."""
-        flight: list[tuple[Op, asyncio.Future[Any]]] = []
-        execute = self._execute
-        if not self._inline and _on_asyncio():
-
-            async def execute(op: Op) -> Any:
-                task = asyncio.ensure_future(self._execute(op))
-                flight.append((op, task))
-                result = await asyncio.shield(task)
-                flight.clear()
-                return result
-
-        try:
-            await run_async(self.gate.admit(from_scope(scope, self.trusted_proxies), adm), execute)
-        except Exception:
-            raise
-        except BaseException:  # cancelled: CancelledError, or another library's cancellation
-            await self._shielded(self._abort(adm, flight))
-            raise
-
-    async def _abort(self, adm: Admission, flight: list[tuple[Op, asyncio.Future[Any]]]) -> None:
-        op = result = None
-        if flight:  # the store call in flight goes on: wait for what it granted
-            op, task = flight[0]
-            try:
-                result = await task
-            except Exception as exc:
-                result = Failure(exc)
-            except BaseException:  # the call itself was cancelled: it granted nothing we know
-                result = None
-        await self._run_ops(self.gate.abort(adm, op, result))
-
-    async def _finish(self, adm: Admission, status: int | None) -> None:
-        ops = self.gate.finish(adm, status)
-        if ops:
-            await self._shielded(self._run_ops(ops))
-
-    @staticmethod
-    async def _shielded(work: Coroutine[Any, Any, None]) -> None:
-        """Await ``work`` shielded from cancellation: inside a cancelled task or anyio scope
-        (client gone), an unshielded await would be cancelled again before the lease is
-        released or the charge refunded. Not asyncio (trio): no shield to use."""
-        if _on_asyncio():
-            await asyncio.shield(work)
-        else:
-            await work
-
-    async def _run_ops(self, ops: list[Op]) -> None:
-        for op in ops:
-            try:
-                await self._execute(op)
-            except Exception as exc:
-                self.gate.finish_failed(op, exc)
+    async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or not positions:
+            return adm.rejection
+        return await self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

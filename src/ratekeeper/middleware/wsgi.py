@@ -8,24 +8,28 @@ refunded when the server calls ``close()`` — after a streamed body, or when th
 eventlet timeout, ``KeyboardInterrupt``, ``SystemExit``) is ended with ``Gate.abort``: what it
 was granted is refunded and released before the exception goes on. (A store call interrupted
 mid-flight cannot say what it granted: such a lease expires after its ``lease_ttl``.)
+
+The request's ``Admission`` is left in the environ (``gate.SCOPE_KEY``): a framework
+integration walks a route's limits into it after routing (``admit_route``), and the headers
+are read when the app starts its response, so they include those limits'.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
 from ..metrics.core import Metrics
-from ..shedding import FleetUsageShedder
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
-from .gate import Admission, Gate, Op, run, split_checks
+from .checks import ChargeWhen, Check, Controls
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_environ, trusted_networks
+from .responses import Rejection
+from .runner import Runner
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -82,6 +86,7 @@ class WSGIRateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
@@ -90,55 +95,39 @@ class WSGIRateLimitMiddleware:
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(
-            checks, controls, exempt, priority, refund_statuses, clock, log_interval, metrics
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
-        self.limiter = Limiter(self.store, clock=clock, metrics=metrics, count_decisions=False)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder, metrics
-        )
-
-    def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return call(
-                op.key,
-                c.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return holder.release(op.lease)
+        self.runner = Runner(self.gate, self.store, clock)
+        self.limiter: Limiter = self.runner.limiter
 
     def execute(self, op: Op) -> Any:
         """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
-        return self._execute(op)
+        return self.runner.execute(op)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
-        adm = Admission()
+        request = from_environ(environ, self.trusted_proxies)
+        adm = environ[SCOPE_KEY] = Admission(request)
         extra: list[tuple[str, str]] = []
         try:
-            run(gate.admit(from_environ(environ, self.trusted_proxies), adm), self._execute)
-            rejection = adm.rejection
-            extra = _latin1(adm.headers if rejection is None else rejection.headers)
+            rejection = self.runner.admit(request, adm)  # interrupted: see the module docstring
+            if rejection is not None:
+                extra = _latin1(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
             rejection = adm.rejection = None  # fail open: the request goes through
-        except BaseException:  # interrupted (module docstring): give back what was granted
-            self._run_ops(gate.abort(adm))
-            raise
         if rejection is not None:
-            self._finish(adm, rejection.status)
+            self.runner.finish(adm, rejection.status)
             start_response(rejection.status_line, extra)
             return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else rejection.body]
         if not adm.entered:  # exempt
@@ -150,24 +139,29 @@ class WSGIRateLimitMiddleware:
                 status[0] = int(line[:3])
             except ValueError:
                 status[0] = None
-            return start_response(line, [*headers, *extra] if extra else headers, *exc_info)
+            # read now: a route's limits may have joined the admission after routing
+            added = added_headers(adm)
+            if added:
+                try:
+                    headers = [*headers, *_latin1(added)]
+                except Exception as exc:  # never break the app's response
+                    gate.failed_open("ratekeeper", exc)
+            return start_response(line, headers, *exc_info)
 
         try:
             result = self.app(environ, start_with_headers)
         except BaseException:
-            self._finish(adm, None)
+            self.runner.finish(adm, None)
             raise
-        return _Finishing(result, lambda: self._finish(adm, status[0]))
+        return _Finishing(result, lambda: self.runner.finish(adm, status[0]))
 
-    def _finish(self, adm: Admission, status: int | None) -> None:
-        self._run_ops(self.gate.finish(adm, status))
-
-    def _run_ops(self, ops: list[Op]) -> None:
-        for op in ops:
-            try:
-                self._execute(op)
-            except Exception as exc:
-                self.gate.finish_failed(op, exc)
+    def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or not positions:
+            return adm.rejection
+        return self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""
