@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
 from ratekeeper import Limiter, ManualClock, Rate
+from ratekeeper.simulate import suggest as suggest_module
 from ratekeeper.simulate.suggest import Demand, quantiles, suggest
 
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"]
@@ -64,6 +66,33 @@ def test_needs_of_steady_and_bursty_keys_match_brute_force(algorithm: str) -> No
         demand.add(key, t, cost)
     needs = demand.needs(algorithm)
     assert {k: needs[i] for k, i in demand.ids.items()} == brute_needs(events, 5.0, algorithm)
+    demand.close()
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_passes_leave_settled_keys_behind_and_find_the_same_needs(
+    algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once most events are of settled keys, the passes read a copy without them."""
+    compactions = []
+
+    def compact(*args: Any) -> Any:
+        compactions.append(args[1].count(True))
+        return real(*args)
+
+    real = suggest_module._compact
+    monkeypatch.setattr(suggest_module, "_compact", compact)
+    monkeypatch.setattr(suggest_module, "CHUNK", 3 * 7)  # events split between chunks
+    start = 1_700_000_000_000
+    events = [("steady", start + i * 450, 1) for i in range(90)]
+    events += [(f"once{i}", start + i * 337, 1 + i % 3) for i in range(120)]
+    events.sort(key=lambda e: e[1])
+    demand = Demand(5000)
+    for key, t, cost in events:
+        demand.add(key, t, cost)
+    needs = demand.needs(algorithm)
+    assert {k: needs[i] for k, i in demand.ids.items()} == brute_needs(events, 5.0, algorithm)
+    assert compactions and compactions[-1] == 1  # at last only the steady key is read
     demand.close()
 
 

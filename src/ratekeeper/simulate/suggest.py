@@ -11,8 +11,9 @@ least remaining it was answered; the total less that is the key's peak usage at 
 which for the window algorithms is the need itself, so the next pass tries it and the one
 after tries one less: most keys are settled in three passes. When the guess falls short (a
 token bucket at its total refills far faster), the count doubles until it is enough, then
-the interval is halved. Memory: a few numbers per distinct key; the events wait in a
-temporary file.
+the interval is halved. Once the keys still searching hold at most half the events read,
+the passes go on over a copy of theirs alone. Memory: a few numbers per distinct key; the
+events wait in a temporary file.
 
 The suggested limit for a share ``s`` of ``K`` keys is the smallest ``N`` that limits at most
 ``floor(s * K)`` keys: the ``(K - floor(s * K))``-th smallest need. token_bucket and gcra are
@@ -26,7 +27,8 @@ import tempfile
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from itertools import chain, compress
+from typing import IO, Any, cast
 
 from ..algorithms import ALGORITHMS, Limit
 from ..errors import RateSpecError
@@ -53,17 +55,31 @@ class Demand:
     def __init__(self, period_ms: int) -> None:
         self.period_ms = period_ms
         self.ids: dict[str, int] = {}
-        self.totals: list[int] = []
+        self.counts: list[int] = []
+        """Requests per key id."""
+        self._extra: list[int] = []
+        """Cost per key id beyond one per request."""
         self._buffer = array("q")
         self._spool = tempfile.TemporaryFile()  # noqa: SIM115  # closed in close()
+
+    @property
+    def totals(self) -> list[int]:
+        """The total cost per key id."""
+        return [n + extra for n, extra in zip(self.counts, self._extra, strict=True)]
+
+    def _new(self, key: str) -> int:
+        kid = self.ids[key] = len(self.counts)
+        self.counts.append(0)
+        self._extra.append(0)
+        return kid
 
     def add(self, key: str, now_ms: int, cost: int) -> None:
         """One request of ``key``."""
         kid = self.ids.get(key)
         if kid is None:
-            kid = self.ids[key] = len(self.totals)
-            self.totals.append(0)
-        self.totals[kid] += cost
+            kid = self._new(key)
+        self.counts[kid] += 1
+        self._extra[kid] += cost - 1
         buf = self._buffer
         buf.extend((kid, now_ms, cost))
         if len(buf) >= CHUNK:
@@ -73,22 +89,17 @@ class Demand:
     def add_run(self, keys: list[str], now_ms: int) -> None:
         """``add`` for one request of cost 1 per key, all at ``now_ms`` (the events are
         built a run at a time, in array operations)."""
-        ids = self.ids
-        get = ids.get
+        get = self.ids.get
         found = [get(k) for k in keys]
         if None in found:  # keys seen for the first time
-            totals = self.totals
             for i, kid in enumerate(found):
                 if kid is None:
                     kid = get(keys[i])  # the run may hold a new key twice
-                    if kid is None:
-                        kid = ids[keys[i]] = len(totals)
-                        totals.append(0)
-                    found[i] = kid
+                    found[i] = self._new(keys[i]) if kid is None else kid
         kids = cast(list[int], found)
-        totals = self.totals
+        counts = self.counts
         for kid in kids:
-            totals[kid] += 1
+            counts[kid] += 1
         n = len(kids)
         events = array("q", bytes(24 * n))  # (key id, time, cost) per request
         events[0::3] = array("q", kids)
@@ -99,20 +110,6 @@ class Demand:
         if len(buf) >= CHUNK:
             self._spool.write(buf.tobytes())
             del buf[:]
-
-    def _replay(self) -> Iterator[array[int]]:
-        if self._buffer:
-            self._spool.write(self._buffer.tobytes())
-            del self._buffer[:]
-        self._spool.flush()
-        self._spool.seek(0)
-        while True:
-            raw = self._spool.read(CHUNK * 8)
-            if not raw:
-                return
-            chunk = array("q")
-            chunk.frombytes(raw)
-            yield chunk
 
     def needs(self, algorithm: str, buckets: int | None = None) -> list[float]:
         """Each key's need (``math.inf`` past the largest count the algorithm takes)."""
@@ -130,46 +127,95 @@ class Demand:
                     limits[n] = None
             return limits[n]
 
-        size = len(self.totals)
+        totals = self.totals
+        size = len(totals)
         lo = [0] * size  # the largest count known to reject (0: none yet)
-        hi = list(self.totals)  # the smallest count known not to, once checked
+        hi = totals  # the smallest count known not to, once checked
         plan = [_TOTAL] * size  # which count each key tries next
         guess = [0] * size
         step = module.step
         ceiling = _ceiling(module)
-        while True:
-            trial = [_trial(plan[k], lo[k], hi[k], guess[k]) for k in range(size)]
-            if all(t < 0 for t in trial):
-                break
-            lims = [None if t < 0 else limit_of(t) for t in trial]
-            ok = [t >= 0 and lims[k] is not None for k, t in enumerate(trial)]
-            least = [-1] * size  # the least remaining a key was answered in this pass
-            states: list[Any] = [None] * size
-            for chunk in self._replay():
-                events = iter(chunk)
-                for k, now, cost in zip(events, events, events, strict=True):
+        if self._buffer:
+            self._spool.write(self._buffer.tobytes())
+            del self._buffer[:]
+        source: IO[bytes] = self._spool  # the events; later only those of unsettled keys
+        held = sum(self.counts)
+        try:
+            while True:
+                trial = [_trial(plan[k], lo[k], hi[k], guess[k]) for k in range(size)]
+                if all(t < 0 for t in trial):
+                    break
+                lims = [None if t < 0 else limit_of(t) for t in trial]
+                ok = [t >= 0 and lims[k] is not None for k, t in enumerate(trial)]
+                active = sum(n for n, t in zip(self.counts, trial, strict=True) if t >= 0)
+                if active * 2 <= held:  # most events are of settled keys: leave them behind
+                    source = _compact(source, [t >= 0 for t in trial], self._spool)
+                    held = active
+                least = [ceiling] * size  # the least remaining a key was answered
+                states: list[Any] = [None] * size
+                for chunk in _chunks(source):
+                    events = iter(chunk)
+                    for k, now, cost in zip(events, events, events, strict=True):
+                        if ok[k]:
+                            outcome, new = step(states[k], lims[k], now, cost, True)
+                            if outcome[0]:
+                                states[k] = new
+                                if outcome[1] < least[k]:
+                                    least[k] = outcome[1]
+                            else:
+                                ok[k] = False
+                for k, t in enumerate(trial):
+                    if t < 0:
+                        continue
                     if ok[k]:
-                        outcome, new = step(states[k], lims[k], now, cost, True)
-                        if outcome[0]:
-                            states[k] = new
-                            if outcome[1] < least[k] or least[k] < 0:
-                                least[k] = outcome[1]
-                        else:
-                            ok[k] = False
-            for k, t in enumerate(trial):
-                if t < 0:
-                    continue
-                if ok[k]:
-                    hi[k] = t
-                elif plan[k] == _TOTAL:  # the total was not enough: search above it
-                    lo[k], hi[k] = t, ceiling
-                else:
-                    lo[k] = t
-                plan[k], guess[k] = _next(plan[k], ok[k], t, least[k])
+                        hi[k] = t
+                    elif plan[k] == _TOTAL:  # the total was not enough: search above it
+                        lo[k], hi[k] = t, ceiling
+                    else:
+                        lo[k] = t
+                    plan[k], guess[k] = _next(plan[k], ok[k], t, least[k])
+        finally:
+            if source is not self._spool:
+                source.close()
         return [math.inf if h >= ceiling else float(h) for h in hi]
 
     def close(self) -> None:
         self._spool.close()
+
+
+def _chunks(spool: IO[bytes]) -> Iterator[array[int]]:
+    """The events of ``spool`` from its start, a chunk at a time (whole events)."""
+    spool.flush()
+    spool.seek(0)
+    while True:
+        raw = spool.read(CHUNK * 8)
+        if not raw:
+            return
+        chunk = array("q")
+        chunk.frombytes(raw)
+        yield chunk
+
+
+def _compact(source: IO[bytes], keep: list[bool], original: IO[bytes]) -> IO[bytes]:
+    """A new spool of the events of ``source`` whose key is kept (``source`` is closed unless
+    it is the ``original``)."""
+    out = tempfile.TemporaryFile()  # noqa: SIM115  # closed by needs()
+    try:
+        for chunk in _chunks(source):
+            kept = [keep[k] for k in chunk[0::3]]
+            if all(kept):
+                out.write(chunk.tobytes())
+                continue
+            events = iter(chunk)
+            chosen = compress(zip(events, events, events, strict=True), kept)
+            out.write(array("q", chain.from_iterable(chosen)).tobytes())
+    except BaseException:
+        out.close()
+        raise
+    finally:
+        if source is not original:
+            source.close()
+    return out
 
 
 _TOTAL, _GUESS, _BELOW, _UP, _HALVE = range(5)
