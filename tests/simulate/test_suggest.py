@@ -60,6 +60,11 @@ def test_needs_of_steady_and_bursty_keys_match_brute_force(algorithm: str) -> No
     events = [("steady", start + i * 450, 1) for i in range(100)]
     events += [("burst", start + 20_000 + i, 2) for i in range(30)]
     events += [("both", start + i * 900, 1 + 3 * (i % 25 == 0)) for i in range(50)]
+    assert_needs_are_brute_force(events, algorithm)
+
+
+def assert_needs_are_brute_force(events: list[tuple[str, int, int]], algorithm: str) -> None:
+    """``Demand.needs`` of the events (sorted by time) at 5 s is the brute-force search's."""
     events.sort(key=lambda e: e[1])
     demand = Demand(5000)
     for key, t, cost in events:
@@ -86,14 +91,8 @@ def test_passes_leave_settled_keys_behind_and_find_the_same_needs(
     start = 1_700_000_000_000
     events = [("steady", start + i * 450, 1) for i in range(90)]
     events += [(f"once{i}", start + i * 337, 1 + i % 3) for i in range(120)]
-    events.sort(key=lambda e: e[1])
-    demand = Demand(5000)
-    for key, t, cost in events:
-        demand.add(key, t, cost)
-    needs = demand.needs(algorithm)
-    assert {k: needs[i] for k, i in demand.ids.items()} == brute_needs(events, 5.0, algorithm)
+    assert_needs_are_brute_force(events, algorithm)
     assert compactions and compactions[-1] == 1  # at last only the steady key is read
-    demand.close()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

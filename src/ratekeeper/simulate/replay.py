@@ -2,7 +2,9 @@
 
 The clock is a ``ManualClock`` set to each line's time; lines are replayed in file order (a
 line older than the one before is decided at its own time, as a server with a lagging clock
-would be). The report is plain data (``Report.to_json``), rendered by ``render``.
+would be). A target keyed on one field (``decide_run``, the candidates) is given runs of
+lines of one time with that field of each (``LogReader.runs``); the others are given each
+line's ``Entry``. The report is plain data (``Report.to_json``), rendered by ``render``.
 """
 
 from __future__ import annotations

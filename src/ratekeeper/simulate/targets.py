@@ -7,7 +7,10 @@
   long requests take, which a log does not hold: they are left out and named in the report.
 - ``CandidatesTarget``: limits given on the command line (``--limit name=rate``), each keyed by
   one field and decided by ``Limiter.hit`` on every request — the call the middleware and the
-  service make for one rate check — side by side, so candidates can be compared.
+  service make for one rate check — side by side, so candidates can be compared. Its fast
+  path, ``decide_run``, takes the lines of one time at once and makes the store call
+  ``Limiter.hit`` makes for one rate on a memory store (``MemoryStore.hit_one``, with the
+  same policy), with no ``Decision`` built; a stack of rates goes through ``Limiter.hit``.
 - ``ServiceTarget``: the service's ``Engine`` and its Envoy front (policies, Envoy domains
   with upstream's semantics, shadow and over-limit cache included) over an ``AsyncLimiter``
   on a ``MemoryStore``; policy keys and descriptor entries come from log fields. Its
