@@ -40,3 +40,23 @@ def test_flask_example() -> None:
     assert response.status_code == 200
     assert response.headers["X-RateLimit-Resource"] == "per-ip"
     assert response.headers["RateLimit-Policy"].startswith('"per-ip.10/1s";q=10;w=1')
+
+
+def test_overload_example() -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(BLOCKS[2], "overload-example", "exec"), namespace)
+    with TestClient(namespace["app"]) as client:
+        assert client.get("/reports").status_code == 200
+        assert client.post("/charges").status_code == 200
+
+
+def test_signals_example() -> None:
+    from ratekeeper.middleware import WorkerCheck
+    from ratekeeper.signals import Worst
+
+    namespace: dict[str, Any] = {}
+    exec(compile(BLOCKS[3], "signals-example", "exec"), namespace)
+    check = namespace["check"]
+    assert isinstance(check, WorkerCheck) and check.queue_delay is namespace["delay"]
+    assert isinstance(check.shedder.utilization, Worst)
+    assert 0 <= check.shedder.utilization() <= 1
