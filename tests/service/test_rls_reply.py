@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
@@ -26,9 +27,9 @@ def reference(answer: Answer) -> bytes:
             status.current_limit.requests_per_unit = min(requests, 2**32 - 1)
             status.current_limit.unit = unit
             status.current_limit.name = name
-            whole = int(s.reset)
-            status.duration_until_reset.seconds = whole
-            status.duration_until_reset.nanos = round((s.reset - whole) * 1e9) % 10**9
+            nanos = round(Fraction(s.reset) * 10**9)  # exact: the nearest nanosecond
+            status.duration_until_reset.seconds = nanos // 10**9
+            status.duration_until_reset.nanos = nanos % 10**9
     for k, v in answer.headers:
         response.response_headers_to_add.add(key=k, value=v)
     if answer.metadata is not None:
@@ -48,6 +49,8 @@ STATUSES = st.builds(
     reset=st.one_of(
         st.integers(0, 100_000).map(float),
         st.floats(0, 10**9, allow_nan=False, allow_infinity=False),
+        st.integers(0, 10**6).map(lambda n: n + 0.9999999999),  # rounds up to a second
+        st.sampled_from([0.0, 0.5, 1e-10, 1e-9, 2**52 + 0.5]),
     ),
     result=st.none(),
 )

@@ -96,6 +96,9 @@ class _Item(NamedTuple):
     dynamic: bool
 
 
+_Resolution = tuple[list[_Item], list[bool]]
+"""The limits to decide and which descriptors are unlimited (``Envoy._resolve``)."""
+
 NO_LIMIT = Status()
 UNLIMITED = Status(remaining=MAX_UINT32)
 
@@ -107,14 +110,17 @@ class Envoy:
         self.engine = engine
         self.stats = stats
         self._overrides: dict[tuple[str, int, int], PolicySpec] = {}
-        self._resolved: dict[tuple[str, Descriptor, int], tuple[list[_Item], list[bool]]] = {}
-        self._generation = engine.generation
+        self._resolved: tuple[int, dict[tuple[str, Descriptor, int], _Resolution]] = (
+            engine.generation, {}
+        )  # fmt: skip
+        """Resolutions of single descriptors, with the engine generation they belong to."""
 
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits: int
     ) -> Answer:
         """One status per descriptor, in order (see the module docstring)."""
         engine = self.engine
+        generation = engine.generation  # read before the config: a reload swaps the config first
         config = engine.config  # one config for the whole request, whatever a reload does
         settings = config.envoy
         root = config.domains.get(domain)
@@ -123,7 +129,7 @@ class Envoy:
             nothing = [NO_LIMIT] * len(descriptors)
             return self._finish(settings, domain, descriptors, hits, nothing, {})
         if len(descriptors) == 1:  # Envoy's usual call: its resolution is cached
-            items, unlimited = self._resolve_one(domain, root, descriptors[0], hits)
+            items, unlimited = self._resolve_one(generation, domain, root, descriptors[0], hits)
         else:
             items, unlimited = self._resolve(domain, root, descriptors, hits)
         if settings.stop_increment_when_over_limit:
@@ -191,20 +197,27 @@ class Envoy:
         return items, unlimited
 
     def _resolve_one(
-        self, domain: str, root: EnvoyNode, descriptor: Descriptor, hits: int
-    ) -> tuple[list[_Item], list[bool]]:
+        self, generation: int, domain: str, root: EnvoyNode, descriptor: Descriptor, hits: int
+    ) -> _Resolution:
         """``_resolve`` of one descriptor, remembered until the engine's policies change
-        (at most ``MAX_RESOLVED`` of them; callers choose the values, so it is bounded)."""
-        if self._generation != self.engine.generation:
-            self._resolved.clear()
-            self._generation = self.engine.generation
+        (at most ``MAX_RESOLVED`` of them; callers choose the values, so it is bounded).
+
+        gRPC handler threads resolve while the event loop reloads: each resolution goes
+        into the table of the ``generation`` read before the request's config, so one made
+        from a config a reload replaced is never kept for the new one."""
+        cached, resolved = self._resolved
+        if generation != cached:
+            if generation < cached:  # a request begun before a reload: answer, keep nothing
+                return self._resolve(domain, root, (descriptor,), hits)
+            resolved = {}
+            self._resolved = (generation, resolved)
         cache_key = (domain, descriptor, hits)
-        found = self._resolved.get(cache_key)
+        found = resolved.get(cache_key)
         if found is None:
             found = self._resolve(domain, root, (descriptor,), hits)
-            if len(self._resolved) >= MAX_RESOLVED:
-                self._resolved.clear()
-            self._resolved[cache_key] = found
+            if len(resolved) >= MAX_RESOLVED:
+                resolved.clear()
+            resolved[cache_key] = found
         return found
 
     def override(self, domain: str, requests_per_unit: int, unit: int) -> PolicySpec:

@@ -54,8 +54,8 @@ class Wire:
 
     def __init__(self, envoy: Envoy) -> None:
         self.envoy = envoy
-        self._parsed: dict[bytes, Parsed] = {}
-        self._generation = envoy.engine.generation
+        self._parsed: tuple[int, dict[bytes, Parsed]] = (envoy.engine.generation, {})
+        """Parsed requests, with the engine generation (so the caps) they were checked by."""
         self._encoder = ReplyEncoder()
 
     def authorized(self, metadata: Any) -> bool:
@@ -73,10 +73,13 @@ class Wire:
     def parse(self, raw: bytes) -> Parsed:
         """The request in ``raw``, checked (``BadRequest`` before anything is counted)."""
         engine = self.envoy.engine
-        if self._generation != engine.generation:  # the caps may have changed
-            self._parsed.clear()
-            self._generation = engine.generation
-        parsed = self._parsed.get(raw)
+        generation = engine.generation  # before the config: a reload swaps the config first
+        cached, table = self._parsed
+        if generation != cached:  # the caps may have changed
+            if generation > cached:
+                self._parsed = (generation, {})
+            table = {}  # a reload happened: this request's parse is kept by no table
+        parsed = table.get(raw)
         if parsed is None:
             try:
                 request = pb.RateLimitRequest.FromString(raw)
@@ -93,9 +96,9 @@ class Wire:
             if len(descriptors) > 1 or metadata:  # one status alone is far below the bound
                 check_reply_size(request, metadata)
             parsed = (request.domain, tuple(descriptors), hits)
-            if len(self._parsed) >= MAX_PARSED:
-                self._parsed.clear()
-            self._parsed[raw] = parsed
+            if len(table) >= MAX_PARSED:
+                table.clear()
+            table[raw] = parsed
         return parsed
 
     def refused(self, exc: BadRequest) -> str:

@@ -242,23 +242,25 @@ class EnvoyStats:
              "over_limit_with_local_cache")  # fmt: skip
 
     def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
+        self._lock = threading.Lock()
         self.configure(near_limit_ratio, max_keys)
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._labels: dict[tuple[str, str], tuple[str, str]] = {}
         self._dynamic: set[tuple[str, str]] = set()
         self._not_found: dict[str, int] = {}
         self.global_shadow_mode = 0
-        self._lock = threading.Lock()
         registry.register(self)  # a collector: it has collect()
 
     def configure(self, near_limit_ratio: float, max_keys: int) -> None:
-        """Apply (re)loaded settings."""
-        self.ratio = _f32(near_limit_ratio)
-        self.max_keys = max_keys
-        self._near: dict[int, int] = {}
+        """Apply (re)loaded settings (under the lock: a handler thread may be counting)."""
+        with self._lock:
+            self.ratio = _f32(near_limit_ratio)
+            self.max_keys = max_keys
+            self._near: dict[int, int] = {}
 
     def counts(self, domain: str, key: str, dynamic: bool) -> list[int]:
-        """The six counts of a stat key (``domain.rest``), in ``STATS`` order."""
+        """The six counts of a stat key (``domain.rest``), in ``STATS`` order (the caller
+        holds the lock)."""
         found = self._counts.get((domain, key))
         if found is None:
             if dynamic and (domain, key) not in self._dynamic:

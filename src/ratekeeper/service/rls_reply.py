@@ -41,13 +41,17 @@ def varint(n: int) -> bytes:
 
 
 def duration(seconds: float) -> bytes:
-    """Field 4 of a status, ``duration_until_reset`` (a ``Duration``; present when zero)."""
+    """Field 4 of a status, ``duration_until_reset`` (a ``Duration`` of ``seconds`` >= 0,
+    to the nanosecond; present when zero)."""
     whole = int(seconds)
-    body = b"\x08" + varint(whole) if whole else b""
+    nanos = 0
     if seconds != whole:
-        nanos = round((seconds - whole) * 1e9) % 10**9
-        if nanos:
-            body += b"\x10" + varint(nanos)
+        nanos = round((seconds - whole) * 1e9)
+        if nanos == 10**9:  # a hair below the next second rounds to it
+            whole, nanos = whole + 1, 0
+    body = b"\x08" + varint(whole) if whole else b""
+    if nanos:
+        body += b"\x10" + varint(nanos)
     return b"\x22" + _SMALL[len(body)] + body
 
 
