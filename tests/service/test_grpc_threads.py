@@ -231,3 +231,29 @@ def test_bytes_that_are_not_a_request_are_invalid_argument(config_file: Path, th
     finally:
         stderr = service.stop()
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    ("store", "threads", "pool"),
+    [
+        ("store: memory\n", None, 2),  # in process: handler threads decide
+        ("store: {url: 'redis://127.0.0.1:1/0'}\n", None, None),  # over the network: grpc.aio
+        ("store: {url: 'redis://127.0.0.1:1/0'}\n", 3, 3),
+        ("store: memory\n", 0, None),
+    ],
+)
+def test_the_grpc_server_by_store_and_grpc_threads(
+    tmp_path: Path, store: str, threads: int | None, pool: int | None
+) -> None:
+    path = tmp_path / "ratekeeper.yaml"
+    path.write_text(store + CONFIG)
+    service = Service(ServeOptions((str(path),), grpc_threads=threads))
+    loop = asyncio.new_event_loop()
+    try:
+        server = service.grpc_server(loop)
+    finally:
+        loop.close()
+    assert (server.pool._max_workers if server.pool else None) == pool
+    assert isinstance(server.server, grpc.aio.Server) == (pool is None)
+    if server.pool is not None:
+        server.pool.shutdown()

@@ -44,9 +44,10 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-threads",
         type=_threads,
-        default=2,
+        default=None,
         metavar="N",
-        help="gRPC handler threads (default 2); 0: serve gRPC with grpc.aio on the event loop",
+        help="gRPC handler threads (default: 2 on the memory store; 0, the default on Redis: "
+        "grpc.aio on the event loop)",
     )
     parser.add_argument(
         "--store-wait",

@@ -69,7 +69,7 @@ HEALTH_KEY = "ratekeeper:healthz"
 
 
 GRPC_THREADS = 2
-"""gRPC handler threads by default (see ``grpc_server``)."""
+"""gRPC handler threads by default on an in-process store (see ``Service.grpc_server``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +98,9 @@ class ServeOptions:
     """Seconds an HTTP connection may take to send a request's headers before it is closed."""
     max_connections: int | None = None
     """Most open HTTP connections (None: the file-descriptor limit less a reserve)."""
-    grpc_threads: int = GRPC_THREADS
-    """Handler threads of the standard ``grpc.server`` (0: ``grpc.aio`` on the event loop)."""
+    grpc_threads: int | None = None
+    """Handler threads of the standard ``grpc.server`` (0: ``grpc.aio`` on the event loop;
+    None: ``GRPC_THREADS`` on an in-process store, ``grpc.aio`` on the others)."""
 
 
 GRPC_IDLE_MS = 300_000
@@ -290,14 +291,21 @@ class Service:
                 await grpc_server.stop(grace=1.0)
 
     def grpc_server(self, loop: asyncio.AbstractEventLoop) -> GrpcServer:
-        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit."""
+        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit.
+
+        By default an in-process store decides in handler threads (no hop to the event loop:
+        the fastest measured); a store reached over the network stays on ``grpc.aio``, as a
+        handler thread would hand each call to the loop, which measured slower than
+        ``grpc.aio``'s own crossing (docs/service.md, "Measured")."""
         shared = self.options.worker is not None
+        in_process = isinstance(self.store, LocalStore)
         threads = self.options.grpc_threads
+        if threads is None:
+            threads = GRPC_THREADS if in_process else 0
         if not threads:
             aio = grpc.aio.server(options=grpc_options(shared))
             aio.add_generic_rpc_handlers((handler(RateLimitServicer(self.envoy)),))
             return GrpcServer(aio)
-        in_process = isinstance(self.store, LocalStore)
         servicer = ThreadServicer(self.envoy, run_inline if in_process else on_loop(loop))
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ratekeeper-grpc")
         server = grpc.server(pool, options=grpc_options(shared))
