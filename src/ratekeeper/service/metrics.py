@@ -5,15 +5,16 @@ Names (all prefixed ``ratekeeper_``):
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
   would have rejected), ``degraded`` (fail-open: the store could not be asked), ``disabled``;
-- ``store_latency_seconds``: histogram of store calls (one per batch when batching; lease
-  calls of concurrency policies too);
-- ``store_errors_total``: store calls that raised;
-- ``batch_size``: histogram of plans per store call;
+- ``store_latency_seconds``: histogram of store calls (one per batch when batching, which
+  carries lease calls of concurrency policies too; else one per call);
+- ``store_errors_total``: store calls that raised (with batching: calls of a batch that failed);
+- ``batch_size``: histogram of calls per batch;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded.
 
-Also: ``InstrumentedStore`` and ``InstrumentedLeases``, the store wrappers that feed the
-latency and error metrics.
+Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
+``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
+they feed the latency and error metrics.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Metrics:
             "ratekeeper_store_errors", "Store calls that raised.", registry=r
         )
         self.batch_size = Histogram(
-            "ratekeeper_batch_size", "Plans per store call.", buckets=_BATCH_BUCKETS, registry=r
+            "ratekeeper_batch_size", "Calls per batch.", buckets=_BATCH_BUCKETS, registry=r
         )
         self.refused = Counter(
             "ratekeeper_requests_refused", "Requests refused before counting.", ["reason"],
@@ -82,6 +83,20 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
         return generate_latest(self.registry)
+
+
+class BatchMetrics:
+    """A ``stores.batching.BatchObserver`` feeding the batch size, latency and error metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def batch(self, size: int, seconds: float) -> None:
+        self.metrics.batch_size.observe(size)
+        self.metrics.store_latency.observe(seconds)
+
+    def error(self) -> None:
+        self.metrics.store_errors.inc()
 
 
 class InstrumentedStore:

@@ -28,18 +28,23 @@ from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError
 from ..limiter import AsyncLimiter
 from ..stores.base import AsyncStore
+from ..stores.batching import Batching
 from ..stores.cluster import RedisClusterStore
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
-from .batching import Batcher, RedisPipeline, ShardedBatcher
-from .cluster_batching import ClusterBatcher
 from .engine import Engine
 from .grpc_rls import handler
 from .http import HttpApi
-from .metrics import InstrumentedLeases, InstrumentedPartitionedStore, InstrumentedStore, Metrics
+from .metrics import (
+    BatchMetrics,
+    InstrumentedLeases,
+    InstrumentedPartitionedStore,
+    InstrumentedStore,
+    Metrics,
+)
 
 log = logging.getLogger("ratekeeper.service")
 HEALTH_KEY = "ratekeeper:healthz"
@@ -60,37 +65,34 @@ class ServeOptions:
 def build_store(
     settings: config_mod.StoreSettings, metrics: Metrics
 ) -> tuple[AsyncStore, AsyncLeaseStore]:
-    """The store a config asks for, instrumented (a single Redis is batched unless told not),
-    and the same store's leases for concurrency policies (never batched)."""
+    """The store a config asks for, instrumented, and the same store's leases for concurrency
+    policies. A Redis store batches (plans and leases alike) unless told not to: its batches
+    feed the latency and error metrics; without batching each call is timed on its own."""
     s = settings
     if s.kind == "memory":
         memory = MemoryStore(max_keys=s.max_keys)
         return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics)
+    batching = (
+        Batching(s.batch_max_size, s.batch_max_wait_ms / 1000, BatchMetrics(metrics))
+        if s.batch
+        else None
+    )
+    store: RedisStore | ShardedRedisStore | RedisClusterStore
+    prefix, timeout = s.prefix, s.socket_timeout
     if s.kind == "redis":
-        store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(store, metrics)
-        if s.batch and store.async_client is not None:
-            pipeline = RedisPipeline(store.async_client, s.prefix)
-            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000), leases
-        return InstrumentedStore(store, metrics), leases
-    if s.kind == "sharded":
+        store = RedisStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+    elif s.kind == "sharded":
         shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
-        sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(sharded, metrics)
-        if s.batch:
-            wait = s.batch_max_wait_ms / 1000
-            batcher = ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
-            return batcher, leases
-        return InstrumentedPartitionedStore(sharded, metrics), leases
-    if s.kind == "cluster":
-        cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(cluster, metrics)
-        if s.batch:
-            wait = s.batch_max_wait_ms / 1000
-            by_node = ClusterBatcher(cluster, s.socket_timeout, metrics, s.batch_max_size, wait)
-            return by_node, leases
-        return InstrumentedStore(cluster, metrics), leases
-    raise ConfigError(f"store kind {s.kind!r} is unknown")
+        store = ShardedRedisStore(shards, prefix=prefix, socket_timeout=timeout, batching=batching)
+    elif s.kind == "cluster":
+        store = RedisClusterStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+    else:
+        raise ConfigError(f"store kind {s.kind!r} is unknown")
+    if s.batch:
+        return store, store
+    if isinstance(store, ShardedRedisStore):
+        return InstrumentedPartitionedStore(store, metrics), InstrumentedLeases(store, metrics)
+    return InstrumentedStore(store, metrics), InstrumentedLeases(store, metrics)
 
 
 class Service:

@@ -12,8 +12,11 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 - Clients built from ``url`` get ``socket_timeout`` and ``socket_connect_timeout`` (default
   50 ms) and at most one immediate retry of a dropped connection, so a dead Redis costs a
   bounded time before the limiter's fail-open and circuit breaker take over.
+- Async calls (plans and leases) that are in flight together are coalesced into one pipeline
+  (``batching``; ``batching=None`` sends one ``EVALSHA`` per call) when the asyncio client is a
+  plain ``redis.asyncio.Redis``. Sync calls are never batched.
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
-  are delegated to ``redis_leases`` over the same clients and prefix.
+  are delegated to ``redis_leases`` over the same clients, prefix and batcher.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from redis.retry import Retry
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
+from .batching import DEFAULT_BATCHING, Batcher, Batching
+from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
 
@@ -75,10 +80,13 @@ class RedisStore:
         async_client: redis.asyncio.Redis | None = None,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
     ) -> None:
         timeout = _check_timeout(socket_timeout)
         if url is None and client is None and async_client is None:
             raise ConfigError("RedisStore needs a url (redis://host:port/db) or a client")
+        if batching is not None and not isinstance(batching, Batching):
+            raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
         if url is not None and not isinstance(url, str):
             raise ConfigError(f"url {url!r} is invalid; expected a string like redis://host:6379/0")
         self.codec = Codec(prefix)
@@ -95,9 +103,16 @@ class RedisStore:
             raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
         self.client = client
         self.async_client = async_client
+        self.batcher: Batcher[Call, Result] | None = None
+        if batching is not None and isinstance(async_client, redis.asyncio.Redis):
+            self.batcher = Batcher(RedisPipeline(async_client, self.codec), batching)
         self._leases = None if client is None else RedisLeases(client, prefix)
         self._async_leases = (
-            None if async_client is None else AsyncRedisLeases(async_client, prefix)
+            None
+            if async_client is None
+            else AsyncRedisLeases(
+                async_client, prefix, None if self.batcher is None else self.batcher.submit
+            )
         )
 
     def __repr__(self) -> str:
@@ -110,7 +125,7 @@ class RedisStore:
             raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
         try:
             if plan.op == "reset":
-                client.delete(*self.codec.keys(plan))
+                client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command = self.codec.command(plan)
             try:
@@ -122,13 +137,18 @@ class RedisStore:
         return outcomes(reply)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
-        """The same as ``execute``, on the asyncio client."""
+        """The same as ``execute``, on the asyncio client: in the batch of the calls in flight
+        (the batcher wraps errors in ``StoreUnavailable``), or alone without batching."""
+        batcher = self.batcher
+        if batcher is not None:
+            result: tuple[Outcome, ...] = await batcher.submit(plan)
+            return result
         client = self.async_client
         if client is None:
             raise ConfigError("this RedisStore has only a sync client; use Limiter")
         try:
             if plan.op == "reset":
-                await client.delete(*self.codec.keys(plan))
+                await client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command: Command = self.codec.command(plan)
             try:

@@ -102,6 +102,10 @@ class Codec:
         prefix, key = self.prefix, plan.key
         return [redis_key(prefix, key, slot) for slot in plan.policy.slots]
 
+    def reset(self, plan: Plan) -> Command:
+        """The command that forgets the plan's state: ``DEL`` of its keys."""
+        return ("DEL", *self.keys(plan))
+
     def command(self, plan: Plan) -> Command:
         """The full command for ``hit``/``peek``/``refund`` (``reset`` is a plain ``DEL``)."""
         policy = plan.policy

@@ -17,6 +17,8 @@ handling and error wrapping are the same as on a single Redis.
   with the caller's ``now``, so a replica still holding an ended window reports it as ended.
 - **Failure domains**: the store is ``Partitioned`` by shard, so a limiter keeps one circuit
   breaker per shard and a dead shard degrades only the keys it owns.
+- **Batching**: each server's ``RedisStore`` coalesces the async calls in flight to it
+  (``batching``), so writes ride in one pipeline per primary and peeks one per replica.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder): every lease call goes to the primary of the shard that owns the caller key, like a
   ``hit``; ``partition_key`` names that shard, so the concurrency limiter keeps one breaker
@@ -33,6 +35,7 @@ from urllib.parse import urlsplit
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
+from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
 from .redis import RedisStore
 from .rendezvous import Rendezvous
@@ -107,12 +110,16 @@ class _Node:
 
     __slots__ = ("down_until_ms", "name", "primary", "replicas", "turn")
 
-    def __init__(self, shard: Shard, prefix: str, socket_timeout: float) -> None:
+    def __init__(
+        self, shard: Shard, prefix: str, socket_timeout: float, batching: Batching | None
+    ) -> None:
         self.name = shard.name
-        self.primary = RedisStore(shard.url, prefix=prefix, socket_timeout=socket_timeout)
-        self.replicas = tuple(
-            RedisStore(url, prefix=prefix, socket_timeout=socket_timeout) for url in shard.replicas
-        )
+
+        def store(url: str) -> RedisStore:
+            return RedisStore(url, prefix=prefix, socket_timeout=socket_timeout, batching=batching)
+
+        self.primary = store(shard.url)
+        self.replicas = tuple(store(url) for url in shard.replicas)
         self.down_until_ms = [0] * len(self.replicas)
         self.turn = itertools.count()
 
@@ -137,7 +144,12 @@ class ShardedRedisStore:
     """Runs each plan on the shard that owns its caller key (see the module docstring)."""
 
     def __init__(
-        self, shards: Sequence[Shard], *, prefix: str = "rk", socket_timeout: float = 0.05
+        self,
+        shards: Sequence[Shard],
+        *,
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
     ) -> None:
         if isinstance(shards, Shard) or not isinstance(shards, Sequence):
             raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
@@ -149,7 +161,7 @@ class ShardedRedisStore:
         self.shards = tuple(shards)
         self.prefix = check_prefix(prefix)
         self.placement = Rendezvous([s.name for s in self.shards])
-        self._nodes = tuple(_Node(s, prefix, socket_timeout) for s in self.shards)
+        self._nodes = tuple(_Node(s, prefix, socket_timeout, batching) for s in self.shards)
 
     def __repr__(self) -> str:
         return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
