@@ -51,6 +51,7 @@ from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
+from .layout import CompactLayout
 from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
@@ -82,6 +83,7 @@ class RedisClusterStore:
         prefix: str = "rk",
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         self.socket_timeout = _check_timeout(socket_timeout)
         if batching is not None and not isinstance(batching, Batching):
@@ -93,7 +95,7 @@ class RedisClusterStore:
             if url.startswith("unix:"):
                 raise ConfigError(f"cluster url {url!r} is a unix socket; expected redis://host")
         self.url = url
-        self.codec = Codec(prefix)
+        self.codec = Codec(prefix, layout)
         self.prefix = prefix
         self.client = client
         self._lock = threading.Lock()

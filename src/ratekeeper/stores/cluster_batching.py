@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from ..errors import NotSent
+from ..plan import Plan
 from .batching import Batcher, Batching
 from .keys import encode_tag
 from .pipeline import Call, RedisPipeline
@@ -63,7 +64,8 @@ class ClusterBatcher:
         try:
             await self.ready()
             # every key of a call is hash-tagged ``{tag}``: the tag alone gives their slot
-            slot = client.keyslot(encode_tag(call.key))
+            tag = self.codec.tag(call) if type(call) is Plan else encode_tag(call.key)
+            slot = client.keyslot(tag)
             node = client.nodes_manager.get_node_from_slot(slot)
         except (RedisClusterException, RedisConnectionError, OSError):
             # no slot map (the cluster is down or changing): the cluster client's own path

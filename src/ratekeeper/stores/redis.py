@@ -34,6 +34,7 @@ from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batcher, Batching
+from .layout import CompactLayout
 from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
@@ -81,6 +82,7 @@ class RedisStore:
         prefix: str = "rk",
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         timeout = _check_timeout(socket_timeout)
         if url is None and client is None and async_client is None:
@@ -89,7 +91,7 @@ class RedisStore:
             raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
         if url is not None and not isinstance(url, str):
             raise ConfigError(f"url {url!r} is invalid; expected a string like redis://host:6379/0")
-        self.codec = Codec(prefix)
+        self.codec = Codec(prefix, layout)
         self.prefix = prefix
         options = client_options(timeout)
         try:

@@ -37,6 +37,7 @@ from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
+from .layout import CompactLayout, check_layout
 from .redis import RedisStore
 from .rendezvous import Rendezvous
 
@@ -111,12 +112,19 @@ class _Node:
     __slots__ = ("down_until_ms", "name", "primary", "replicas", "turn")
 
     def __init__(
-        self, shard: Shard, prefix: str, socket_timeout: float, batching: Batching | None
+        self,
+        shard: Shard,
+        prefix: str,
+        socket_timeout: float,
+        batching: Batching | None,
+        layout: CompactLayout | None,
     ) -> None:
         self.name = shard.name
 
         def store(url: str) -> RedisStore:
-            return RedisStore(url, prefix=prefix, socket_timeout=socket_timeout, batching=batching)
+            return RedisStore(
+                url, prefix=prefix, socket_timeout=socket_timeout, batching=batching, layout=layout
+            )
 
         self.primary = store(shard.url)
         self.replicas = tuple(store(url) for url in shard.replicas)
@@ -150,6 +158,7 @@ class ShardedRedisStore:
         prefix: str = "rk",
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         if isinstance(shards, Shard) or not isinstance(shards, Sequence):
             raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
@@ -161,7 +170,8 @@ class ShardedRedisStore:
         self.shards = tuple(shards)
         self.prefix = check_prefix(prefix)
         self.placement = Rendezvous([s.name for s in self.shards])
-        self._nodes = tuple(_Node(s, prefix, socket_timeout, batching) for s in self.shards)
+        check_layout(layout)
+        self._nodes = tuple(_Node(s, prefix, socket_timeout, batching, layout) for s in self.shards)
 
     def __repr__(self) -> str:
         return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
