@@ -208,8 +208,9 @@ def test_pipeline_decides_like_one_evalsha_per_plan(redis_url: str, algorithm: s
 
 
 def test_pipeline_round_trips_and_noscript(redis_url: str) -> None:
-    """After a script flush (a restarted Redis) a batch loads the script once and re-sends
-    what missed it as one batch: a few round trips, no EVAL per plan."""
+    """After a script flush (a restarted Redis) a batch sends the first plan that missed the
+    script as EVAL (which loads it) and re-sends the rest as one batch: a few round trips, no
+    EVAL per plan."""
 
     async def go() -> tuple[int, int, int]:
         store, pipeline = pipelined(redis_url)
@@ -231,10 +232,10 @@ def test_pipeline_round_trips_and_noscript(redis_url: str) -> None:
 
     warm, reload, trips = asyncio.run(go())
     assert trips < 3 * 64
-    # the missed batch, one SCRIPT LOAD, the re-sent batch (per batch the Batcher made)
+    # the missed batch, one EVAL, the re-sent batch (per batch the Batcher made)
     assert reload <= 3 * warm, (warm, reload)
     stats = commandstats(redis_url)
-    assert stats.get("eval", 0) == 0 and stats.get("script|load", 0) >= 1, stats
+    assert 1 <= stats.get("eval", 0) <= warm and stats.get("script|load", 0) == 0, stats
 
 
 def test_a_plan_whose_script_fails_fails_alone(redis_url: str) -> None:

@@ -56,7 +56,7 @@ from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, LeaseCall, RedisLeases
-from .sharded import check_url
+from .urls import check_url, redact
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
 
@@ -93,7 +93,9 @@ class RedisClusterStore:
         if url is not None:
             check_url(url, "cluster url")
             if url.startswith("unix:"):
-                raise ConfigError(f"cluster url {url!r} is a unix socket; expected redis://host")
+                raise ConfigError(
+                    f"cluster url {redact(url)!r} is a unix socket; expected redis://host"
+                )
         self.url = url
         self.codec = Codec(prefix, layout)
         self.prefix = prefix
@@ -124,7 +126,7 @@ class RedisClusterStore:
         )
 
     def __repr__(self) -> str:
-        return f"RedisClusterStore({self.url!r}, prefix={self.prefix!r})"
+        return f"RedisClusterStore({redact(self.url)!r}, prefix={self.prefix!r})"
 
     def _sync_client(self) -> redis.RedisCluster:
         client = self.client

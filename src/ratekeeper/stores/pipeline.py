@@ -2,10 +2,11 @@
 
 A call is a ``Plan`` (encoded by the Redis codec, so batched decisions are the same as
 ``RedisStore``'s) or a ``LeaseCall``. No MULTI: each script is atomic on its own, and a batch
-needs no more. After ``NOSCRIPT`` replies (a restarted or flushed Redis) each missing script is
-loaded once and the calls that missed it are re-sent as one batch; a call that misses it again
-falls back to ``EVAL`` on its own. A ``reset`` (a plain ``DEL``, which never misses a script)
-starts a round trip of its own, so it can never overtake a call queued before it.
+needs no more. After ``NOSCRIPT`` replies (a restarted or flushed Redis) the first call that
+missed each script goes as ``EVAL`` with the source (which re-caches it) and the others are
+re-sent as one batch; a call that misses it again falls back to ``EVAL`` on its own. A
+``reset`` (a plain ``DEL``, which never misses a script) starts a round trip of its own, so it
+can never overtake a call queued before it.
 
 Requests are encoded (``Codec.packed``: per-policy pieces encoded once) into one buffer, written
 on one pooled connection, and the replies are parsed by a ``hiredis.Reader`` fed straight from
@@ -92,21 +93,34 @@ class RedisPipeline:
     async def _reload_and_resend(
         self, calls: Sequence[Call], packed: list[bytes], replies: list[object], missing: list[int]
     ) -> list[object]:
-        """``SCRIPT LOAD`` each script the batch missed, then re-send the missed calls as one
-        batch: a burst after a restart costs a few round trips, not one ``EVAL`` per call. A
-        call still missing its script afterwards falls back to ``EVAL`` in ``_answer``."""
-        sources = {self._fallback(calls[i])[1] for i in missing}
-        try:
-            for source in sources:
-                self.round_trips += 1
-                await self.client.script_load(source)
-        except (RedisError, OSError):
-            return replies  # each missed call tries EVAL on its own
-        again = await self._send(b"".join(packed[i] for i in missing), len(missing))
+        """Send the first call that missed each script as ``EVAL`` with the source (which puts
+        the script back in Redis' cache), then the other missed calls again as one batch: a
+        burst after a restart costs a few round trips, not one ``EVAL`` per call, and needs
+        no command beyond the script calls (no ``SCRIPT LOAD``). A call still missing its
+        script afterwards falls back to ``EVAL`` in ``_answer``."""
         out = list(replies)
-        for i, reply in zip(missing, again, strict=True):
-            out[i] = reply
+        again: list[int] = []
+        seen: set[str] = set()
+        for i in missing:
+            source = self._fallback(calls[i])[1]
+            if source in seen:
+                again.append(i)
+            else:
+                seen.add(source)
+                out[i] = await self._eval(calls[i])
+        if again:
+            resent = await self._send(b"".join(packed[i] for i in again), len(again))
+            for i, reply in zip(again, resent, strict=True):
+                out[i] = reply
         return out
+
+    async def _eval(self, call: Call) -> object:
+        """``call`` alone as ``EVAL`` with its script's source; its reply, or the error."""
+        try:
+            self.round_trips += 1
+            return await self.client.execute_command(*self._fallback(call))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            return exc
 
     async def _send(self, data: bytes, count: int) -> list[object]:
         """Write the batch on one pooled connection and read its ``count`` replies in order.
@@ -170,11 +184,7 @@ class RedisPipeline:
         """A reply that is not a plan script's array: a lease's, reset's count, or an error
         (NOSCRIPT: ``EVAL``)."""
         if _noscript(reply):
-            try:
-                self.round_trips += 1
-                reply = await self.client.execute_command(*self._fallback(call))  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except (RedisError, OSError) as exc:
-                reply = exc
+            reply = await self._eval(call)
         what = call.op if type(call) is Plan else "a lease call"
         if isinstance(reply, BaseException):
             message = f"redis could not run {what}: {type(reply).__name__}: {reply}"

@@ -38,6 +38,7 @@ from .layout import CompactLayout
 from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
+from .urls import check_url, redact, scrub
 
 _R = TypeVar("_R", Retry, AsyncRetry)
 
@@ -89,8 +90,8 @@ class RedisStore:
             raise ConfigError("RedisStore needs a url (redis://host:port/db) or a client")
         if batching is not None and not isinstance(batching, Batching):
             raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
-        if url is not None and not isinstance(url, str):
-            raise ConfigError(f"url {url!r} is invalid; expected a string like redis://host:6379/0")
+        if url is not None:
+            check_url(url)
         self.codec = Codec(prefix, layout)
         self.prefix = prefix
         options = client_options(timeout)
@@ -101,8 +102,10 @@ class RedisStore:
                 async_client = redis.asyncio.Redis.from_url(
                     url, retry=_retry(AsyncRetry), **options
                 )
-        except ValueError as exc:
-            raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
+        except ValueError as exc:  # redis-py's message may quote the URL: ours is redacted
+            raise ConfigError(
+                f"url {redact(url)!r} is invalid: {scrub(str(exc), url or '')}"
+            ) from None
         self.client = client
         self.async_client = async_client
         self.batcher: Batcher[Call, Result] | None = None

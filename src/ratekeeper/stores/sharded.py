@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
@@ -40,44 +39,10 @@ from .keys import check_prefix, encode_tag
 from .layout import CompactLayout, check_layout
 from .redis import RedisStore
 from .rendezvous import Rendezvous
+from .urls import address, check_url, redact
 
 REPLICA_COOLDOWN_MS = 1000
 """How long a replica that failed a read is skipped (reads go to the primary meanwhile)."""
-
-_SCHEMES = ("redis", "rediss", "unix")
-
-
-def check_url(url: object, what: str = "url") -> str:
-    """A Redis URL: ``redis://`` or ``rediss://`` with a host (port, db optional), or ``unix://``."""
-    expected = "expected redis://host:port/db, rediss://host:port/db or unix:///path.sock"
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{what} {url!r} is invalid; {expected}")
-    parts = urlsplit(url)
-    if parts.scheme not in _SCHEMES:
-        raise ConfigError(f"{what} {url!r} has scheme {parts.scheme!r}; {expected}")
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ConfigError(f"{what} {url!r} has no socket path; {expected}")
-        return url
-    try:
-        _ = parts.port  # parsed lazily: a bad port raises here
-    except ValueError:
-        raise ConfigError(f"{what} {url!r} has an invalid port; {expected}") from None
-    if not parts.hostname:
-        raise ConfigError(f"{what} {url!r} has no host; {expected}")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise ConfigError(f"{what} {url!r} has database {db!r}; expected a number, e.g. /0")
-    return url
-
-
-def address(url: str) -> str:
-    """``host:port/db`` (or the socket path) of a URL: a shard's default name, no credentials."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return parts.path
-    db = parts.path.strip("/") or "0"
-    return f"{parts.hostname}:{parts.port or 6379}/{db}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +69,10 @@ class Shard:
             raise ConfigError(f"shard name {self.name!r} is invalid; expected a string")
         if not self.name:
             object.__setattr__(self, "name", address(self.url))
+
+    def __repr__(self) -> str:  # URLs may hold passwords: never shown
+        replicas = [redact(url) for url in self.replicas]
+        return f"Shard({redact(self.url)!r}, replicas={replicas!r}, name={self.name!r})"
 
 
 class _Node:
