@@ -33,6 +33,7 @@ from ratekeeper.errors import ConfigError
 from ratekeeper.stores.acl import acl_commands, acl_rule
 from ratekeeper.stores.layout import CompactLayout
 from tests import redis_servers as rs
+from tests.conftest import REQUIRE_REDIS, _need_redis
 from tests.redis_tls import OPENSSL, TLSRedisServer, make_certs
 from tests.service.proc import ServiceProcess
 
@@ -54,8 +55,11 @@ def user_url(server: rs.RedisServer, password: str = PASSWORD) -> str:
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedisServer]:
-    if not rs.available() or OPENSSL is None:
-        pytest.skip("redis-server or openssl not installed")
+    _need_redis()
+    if OPENSSL is None:
+        if REQUIRE_REDIS:
+            pytest.fail("openssl is required (RATEKEEPER_REQUIRE_REDIS=1) but not installed")
+        pytest.skip("openssl not installed")
     server = TLSRedisServer(make_certs(tmp_path_factory.mktemp("certs")))
     set_user(server.client(), acl_rule())
     yield server
