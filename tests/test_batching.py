@@ -336,3 +336,34 @@ def test_a_reset_never_overtakes_a_call_that_missed_its_script(redis_url: str) -
         return out
 
     assert asyncio.run(go()) == [5, 4, 5, 4]
+
+
+def test_a_readonly_reply_drops_the_connection(
+    primary_replica: tuple[rs.RedisServer, rs.RedisServer],
+) -> None:
+    """A primary demoted to a replica (a failover the clients were not told about) answers
+    writes with READONLY: the batch fails open and its connection is dropped, so the next one
+    connects again (through Sentinel, for a Sentinel shard) instead of meeting READONLY for
+    good on a pooled connection."""
+    primary, replica = primary_replica
+    admin = primary.client()
+
+    def ours() -> set[int]:
+        return {c["id"] for c in admin.client_list() if c["cmd"].startswith("eval")}
+
+    async def go() -> tuple[set[int], bool, set[int]]:
+        store = RedisStore(primary.url, socket_timeout=5)
+        limiter = AsyncLimiter(store, clock=ManualClock())
+        assert not (await limiter.hit("k", "5/minute")).degraded
+        before = ours()
+        replica.client().replicaof("NO", "ONE")
+        admin.replicaof("127.0.0.1", replica.port)  # demoted, its clients left connected
+        demoted = (await limiter.hit("k", "5/minute")).degraded
+        await asyncio.sleep(0.1)
+        after = ours()
+        await store.aclose()
+        return before, demoted, after
+
+    before, demoted, after = asyncio.run(go())
+    assert before and demoted
+    assert not before & after  # the connection that met READONLY is gone

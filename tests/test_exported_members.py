@@ -27,6 +27,10 @@ EXPECTED = {
     "RedisStore",
     "Shard",
     "ShardedRedisStore",
+    "SentinelShard",
+    "SentinelStore",
+    "CompactLayout",
+    "Batching",
     "StoreUnavailable",
     "__version__",
 }

@@ -22,9 +22,13 @@ from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
 from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings
 from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
+from .stores.batching import Batching as Batching
 from .stores.cluster import RedisClusterStore as RedisClusterStore
+from .stores.layout import CompactLayout as CompactLayout
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
+from .stores.sentinel import SentinelShard as SentinelShard
+from .stores.sharded import SentinelStore as SentinelStore
 from .stores.sharded import Shard as Shard
 from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
@@ -32,7 +36,9 @@ __all__ = [
     "AsyncConcurrencyLimiter",
     "AsyncFleetUsageShedder",
     "AsyncLimiter",
+    "Batching",
     "Clock",
+    "CompactLayout",
     "ConcurrencyLimiter",
     "ConfigError",
     "Decision",
@@ -46,6 +52,8 @@ __all__ = [
     "RatekeeperError",
     "RedisClusterStore",
     "RedisStore",
+    "SentinelShard",
+    "SentinelStore",
     "Shard",
     "ShardedRedisStore",
     "ShedderSettings",

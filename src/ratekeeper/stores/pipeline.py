@@ -15,7 +15,9 @@ machinery (its ``Pipeline``, even its per-reply ``read_response`` with a timeout
 costs more than everything else the batch does.
 
 Errors come back per call: ``StoreUnavailable``, or ``NotSent`` when nothing ran (no
-connection, a connection lost before any reply, a cluster node's ``MOVED``/``ASK``).
+connection, a connection lost before any reply, a cluster node's ``MOVED``/``ASK``). A
+``READONLY`` reply (the server was demoted to a replica) also drops the connection, so the
+next batch connects again (through Sentinel, for a Sentinel shard).
 """
 
 from __future__ import annotations
@@ -168,6 +170,10 @@ class RedisPipeline:
                         reply = parser.gets()
             if len(replies) > count:  # more replies than requests: the stream is out of step
                 raise RedisError("more replies than commands")
+            if any(_readonly(reply) for reply in replies):
+                # a primary demoted to a replica (a failover): a Sentinel pool's next
+                # connection asks Sentinel for the new primary
+                await conn.disconnect()
         except (RedisError, OSError, TimeoutError, hiredis.ProtocolError) as exc:
             await conn.disconnect()  # replies may be half read: never reuse this connection
             if not replies and _dropped(exc):
@@ -215,6 +221,11 @@ def _dropped(exc: BaseException) -> bool:
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis pipeline failed: {type(exc).__name__}: {exc}")
+
+
+def _readonly(reply: object) -> bool:
+    """Redis' ``READONLY`` error: the server is a replica now; the script wrote nothing."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("READONLY")
 
 
 def _noscript(reply: object) -> bool:

@@ -31,6 +31,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
+import redis.asyncio
+
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
@@ -39,6 +42,7 @@ from .keys import check_prefix, encode_tag
 from .layout import CompactLayout, check_layout
 from .redis import RedisStore
 from .rendezvous import Rendezvous
+from .sentinel import SentinelClients, SentinelShard, sentinel_clients
 from .urls import address, check_url, redact
 
 REPLICA_COOLDOWN_MS = 1000
@@ -78,11 +82,11 @@ class Shard:
 class _Node:
     """One shard's servers as stores, and when each replica may be tried again."""
 
-    __slots__ = ("down_until_ms", "name", "primary", "replicas", "turn")
+    __slots__ = ("down_until_ms", "name", "primary", "replicas", "sentinel", "turn")
 
     def __init__(
         self,
-        shard: Shard,
+        shard: Shard | SentinelShard,
         prefix: str,
         socket_timeout: float,
         batching: Batching | None,
@@ -90,13 +94,26 @@ class _Node:
     ) -> None:
         self.name = shard.name
 
-        def store(url: str) -> RedisStore:
+        def store(
+            url: str | None = None,
+            client: redis.Redis | None = None,
+            async_client: redis.asyncio.Redis | None = None,
+        ) -> RedisStore:
             return RedisStore(
-                url, prefix=prefix, socket_timeout=socket_timeout, batching=batching, layout=layout
-            )
+                url, client=client, async_client=async_client, prefix=prefix,
+                socket_timeout=socket_timeout, batching=batching, layout=layout,
+            )  # fmt: skip
 
-        self.primary = store(shard.url)
-        self.replicas = tuple(store(url) for url in shard.replicas)
+        self.sentinel: SentinelClients | None = None
+        if isinstance(shard, SentinelShard):
+            clients = self.sentinel = sentinel_clients(shard, socket_timeout)
+            self.primary = store(client=clients.primary, async_client=clients.async_primary)
+            # one store over Sentinel's replicas: redis-py picks one per connection
+            replicas = store(client=clients.replicas, async_client=clients.async_replicas)
+            self.replicas: tuple[RedisStore, ...] = (replicas,)
+        else:
+            self.primary = store(shard.url)
+            self.replicas = tuple(store(url) for url in shard.replicas)
         self.down_until_ms = [0] * len(self.replicas)
         self.turn = itertools.count()
 
@@ -122,7 +139,7 @@ class ShardedRedisStore:
 
     def __init__(
         self,
-        shards: Sequence[Shard],
+        shards: Sequence[Shard | SentinelShard],
         *,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
@@ -132,9 +149,10 @@ class ShardedRedisStore:
         if isinstance(shards, Shard) or not isinstance(shards, Sequence):
             raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
         for shard in shards:
-            if not isinstance(shard, Shard):
+            if not isinstance(shard, Shard | SentinelShard):
                 raise ConfigError(
-                    f"shard {shard!r} is invalid; expected Shard(url, replicas=[...])"
+                    f"shard {shard!r} is invalid; expected Shard(url, replicas=[...]) or "
+                    "SentinelShard(service, sentinels=[...])"
                 )
         self.shards = tuple(shards)
         self.prefix = check_prefix(prefix)
@@ -145,7 +163,7 @@ class ShardedRedisStore:
     def __repr__(self) -> str:
         return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
 
-    def shard_of(self, key: str) -> Shard:
+    def shard_of(self, key: str) -> Shard | SentinelShard:
         """The shard that holds ``key``'s state."""
         return self.shards[self.placement.owner(encode_tag(key))]
 
@@ -244,13 +262,41 @@ class ShardedRedisStore:
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 store.close()
+            if node.sentinel is not None:
+                node.sentinel.close()
 
     async def aclose(self) -> None:
         """Close every async client's connections."""
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 await store.aclose()
+            if node.sentinel is not None:
+                await node.sentinel.aclose()
 
 
 def _unavailable(node: _Node, exc: StoreUnavailable) -> StoreUnavailable:
     return StoreUnavailable(f"shard {node.name}: {exc}")
+
+
+class SentinelStore(ShardedRedisStore):
+    """One primary and its replicas found through Redis Sentinel (see ``sentinel``): a
+    ``ShardedRedisStore`` of one ``SentinelShard``."""
+
+    def __init__(
+        self,
+        service: str,
+        sentinels: Sequence[str],
+        *,
+        url: str = "redis:///0",
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
+    ) -> None:
+        shard = SentinelShard(service, sentinels, url)
+        super().__init__(
+            [shard], prefix=prefix, socket_timeout=socket_timeout, batching=batching, layout=layout
+        )
+
+    def __repr__(self) -> str:
+        return f"SentinelStore({self.shards[0]!r}, prefix={self.prefix!r})"
