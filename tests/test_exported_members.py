@@ -28,6 +28,7 @@ EXPECTED = {
     "Shard",
     "ShardedRedisStore",
     "SentinelShard",
+    "RolloutStore",
     "SentinelStore",
     "CompactLayout",
     "Batching",

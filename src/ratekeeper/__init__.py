@@ -27,6 +27,7 @@ from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.layout import CompactLayout as CompactLayout
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
+from .stores.rollout import RolloutStore as RolloutStore
 from .stores.sentinel import SentinelShard as SentinelShard
 from .stores.sharded import SentinelStore as SentinelStore
 from .stores.sharded import Shard as Shard
@@ -52,6 +53,7 @@ __all__ = [
     "RatekeeperError",
     "RedisClusterStore",
     "RedisStore",
+    "RolloutStore",
     "SentinelShard",
     "SentinelStore",
     "Shard",
