@@ -255,18 +255,18 @@ def http_worker(port: int) -> Callable[[int], Awaitable[Callable[[int], Awaitabl
 async def grpc_drive(port: int, clients: int, requests: int, seconds: float) -> Row:
     """``ShouldRateLimit`` from ``clients`` concurrent calls over one channel (closed after)."""
     import grpc
-
-    from ratekeeper.service.proto import rls_pb2 as pb
-    from ratekeeper.service.proto import rls_pb2_grpc as pb_grpc
+    from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
+    from envoy.service.ratelimit.v3 import rls_pb2 as pb
+    from envoy.service.ratelimit.v3 import rls_pb2_grpc as pb_grpc
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
 
         async def make(_: int) -> Callable[[int], Awaitable[None]]:
             async def call(n: int) -> None:
-                entry = pb.RateLimitDescriptor.Entry(key="user", value=str(n % 10_000))
+                entry = common_pb.RateLimitDescriptor.Entry(key="user", value=str(n % 10_000))
                 req = pb.RateLimitRequest(
-                    domain="bench", descriptors=[pb.RateLimitDescriptor(entries=[entry])]
+                    domain="bench", descriptors=[common_pb.RateLimitDescriptor(entries=[entry])]
                 )
                 response = await stub.ShouldRateLimit(req)
                 assert response.overall_code == pb.RateLimitResponse.OK

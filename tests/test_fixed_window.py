@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratekeeper import Rate
+from ratekeeper import ConfigError, Rate
 from ratekeeper.algorithms import fixed_window
 from tests.harness import T0, StoreFactory, make_limiter, replay, small_rates, timelines
 
@@ -86,3 +87,77 @@ def test_each_window_admits_at_most_the_limit(data: st.DataObject) -> None:
             a.cost for a in admitted if first.at_ms <= a.at_ms < first.at_ms + rate.period_ms
         )
         assert inside <= 2 * rate.count
+
+
+# --- options: envoyproxy/ratelimit's counting ----------------------------------------------
+
+
+def test_aligned_windows_start_on_the_period(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(T0 + 75.5, store=make_store())  # "1:15.5" on a minute grid
+    d = limiter.hit("k", "3/minute", aligned=True)
+    assert d.reset_at == T0 + 120  # the minute ends at 2:00, not 2:15.5
+    clock.set(T0 + 119.999)
+    assert limiter.hit("k", "3/minute", aligned=True).remaining == 1
+    clock.set(T0 + 120)
+    d = limiter.hit("k", "3/minute", aligned=True)
+    assert (d.remaining, d.reset_at) == (2, T0 + 180)
+    # a week is 7 days, aligned on the epoch as envoyproxy/ratelimit does (now - now % unit)
+    week = 7 * 86400
+    d = limiter.hit("w", f"5/{week}s", aligned=True)
+    assert d.reset_at == (T0 + 120) - (T0 + 120) % week + week
+
+
+def test_count_rejected_charges_every_hit(make_store: StoreFactory) -> None:
+    limiter, clock = make_limiter(store=make_store())
+    opts = {"aligned": True, "count_rejected": True}
+    got = [limiter.hit("k", "10/minute", cost=c, **opts) for c in (8, 5, 1)]
+    assert [d.allowed for d in got] == [True, False, False]  # the 5 was counted: 13 > 10
+    assert [d.remaining for d in got] == [2, 2, 0]  # a rejection reports what it found
+    plain, _ = make_limiter(store=make_store())
+    assert [plain.hit("p", "10/minute", cost=c).allowed for c in (8, 5, 1)] == [True, False, True]
+    # a peek of cost 0 asks whether the key is within its limit: 14 > 10 is not
+    assert not limiter.peek("k", "10/minute", cost=0, **opts).allowed
+    clock.advance(60)
+    assert limiter.hit("k", "10/minute", cost=10, **opts).remaining == 0
+    at_limit = limiter.peek("k", "10/minute", cost=0, **opts)
+    assert (at_limit.allowed, at_limit.remaining) == (True, 0)  # exactly at the limit is within
+    assert not limiter.peek("k", "10/minute", cost=1, **opts).allowed
+
+
+def test_count_rejected_counter_is_shared_by_limits_of_one_period() -> None:
+    limiter, _ = make_limiter()
+    opts = {"aligned": True, "count_rejected": True}
+    assert limiter.hit("k", "5/minute", cost=4, **opts).allowed
+    d = limiter.hit("k", "100/minute", **opts)  # the same counter: 5 hits of 100
+    assert (d.allowed, d.remaining) == (True, 95)
+    assert not limiter.hit("k", "5/minute", **opts).allowed  # 6 of 5
+    # without count_rejected each limit keeps its own counter, as before
+    assert limiter.hit("k", "5/minute", aligned=True).remaining == 4
+
+
+def test_count_rejected_stacks_charge_every_rate_and_need_distinct_periods() -> None:
+    limiter, _ = make_limiter()
+    opts = {"count_rejected": True}
+    assert limiter.hit("k", "2/second; 3/minute", cost=2, **opts).allowed
+    d = limiter.hit("k", "2/second; 3/minute", **opts)
+    assert not d.allowed  # 3 of 2 per second; the minute rate (3 of 3) is charged too
+    assert limiter.peek("k", "3/minute", cost=0, count_rejected=True).remaining == 0  # 3 of 3
+    with pytest.raises(ConfigError, match="repeat a period"):
+        limiter.hit("k", "2/minute; 3/minute", **opts)
+
+
+def test_options_are_checked() -> None:
+    limiter, _ = make_limiter()
+    with pytest.raises(ConfigError, match="expected True/False"):
+        limiter.hit("k", "1/second", aligned=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'aligned' does not apply to token_bucket"):
+        limiter.hit("k", "1/second", algorithm="token_bucket", aligned=True)
+    limiter.hit("k", "1/second", aligned=True)  # cached: the same check still applies
+    with pytest.raises(ConfigError, match="expected True/False"):
+        limiter.hit("k", "1/second", aligned=1)  # type: ignore[arg-type]
+
+
+def test_count_rejected_counter_stops_at_its_cap() -> None:
+    limit = fixed_window.make_limit(Rate(10, 60.0), {"count_rejected": True})
+    outcome, state = fixed_window.step((fixed_window.MAX_COUNT - 1, 60_000), limit, 0, 5, True)
+    assert not outcome.allowed and state == (fixed_window.MAX_COUNT, 60_000)

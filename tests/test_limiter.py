@@ -106,7 +106,7 @@ def test_defaults_are_a_memory_store_and_the_system_clock() -> None:
         (
             {"algorithm": "fixed_window", "burst": 2},
             ConfigError,
-            r"option 'burst' does not apply to fixed_window; it takes no options",
+            r"option 'burst' does not apply to fixed_window; it takes aligned, count_rejected",
         ),
         (
             {"algorithm": "sliding_log", "buckets": 2},

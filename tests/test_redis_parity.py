@@ -45,8 +45,9 @@ steps = st.builds(
     ),
     key=st.one_of(st.just(KEYS[0]), st.sampled_from(KEYS)),
     cost=st.sampled_from([1, 1, 1, 1, 1, 2, 3, 5, 12]),
-    op=st.sampled_from(["hit", "hit", "hit", "peek", "refund", "reset"]),
+    op=st.sampled_from(["hit", "hit", "hit", "peek", "peek0", "refund", "reset"]),
 )
+"""``peek0`` is a peek of cost 0 (whether the key is within its limit)."""
 
 
 ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]
@@ -54,11 +55,15 @@ ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding
 
 @st.composite
 def scenarios(draw: st.DrawFn, algorithm: str) -> tuple[str, dict[str, int], float, list[Step]]:
-    options: dict[str, int] = {}
+    options: dict[str, int] = {}  # bool options are ints too
     if algorithm in ("token_bucket", "gcra") and draw(st.booleans()):
         options["burst"] = draw(st.integers(1, 12))
     if algorithm == "sliding_window" and draw(st.booleans()):
         options["buckets"] = draw(st.integers(1, 6))
+    if algorithm == "fixed_window":  # envoyproxy/ratelimit's counting, as Envoy domains use
+        for name in ("aligned", "count_rejected"):
+            if draw(st.booleans()):
+                options[name] = True
     # gcra works in epoch microseconds, which leave the exact range of a double after 2255
     start = draw(st.sampled_from(STARTS[:2] if algorithm == "gcra" else STARTS))
     return (
@@ -91,12 +96,9 @@ def test_redis_decides_exactly_like_memory(
             getattr(memory, step.op)(step.key, rate, algorithm=algorithm, **kwargs, **options)
             getattr(remote, step.op)(step.key, rate, algorithm=algorithm, **kwargs, **options)
             continue
-        want = getattr(memory, step.op)(
-            step.key, rate, algorithm=algorithm, cost=step.cost, **options
-        )
-        got = getattr(remote, step.op)(
-            step.key, rate, algorithm=algorithm, cost=step.cost, **options
-        )
+        op, cost = ("peek", 0) if step.op == "peek0" else (step.op, step.cost)
+        want = getattr(memory, op)(step.key, rate, algorithm=algorithm, cost=cost, **options)
+        got = getattr(remote, op)(step.key, rate, algorithm=algorithm, cost=cost, **options)
         assert got == want, (step, algorithm, rate, options)
 
 

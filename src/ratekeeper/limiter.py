@@ -86,6 +86,8 @@ class _Core:
         cost: int,
         burst: int | None,
         buckets: int | None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Decision | None:
         """A hit decided by an in-process store without a ``Plan`` (the fast path), or None
         when the call needs the full path: another store, a policy not seen yet or of several
@@ -94,9 +96,12 @@ class _Core:
             return None
         try:
             policy = self._singles.get(
-                (rate, algorithm)
-                if burst is None and buckets is None
-                else (rate, algorithm, burst, buckets, type(burst), type(buckets))
+                (rate, algorithm)  # the common call, without a function call
+                if burst is None
+                and buckets is None
+                and aligned is False
+                and count_rejected is False
+                else _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
             )
         except TypeError:  # an unhashable rate sequence: never cached
             return None
@@ -115,21 +120,17 @@ class _Core:
         cost: int,
         burst: int | None,
         buckets: int | None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
-        # the option types are part of the key: burst=5.0 equals burst=5 but is not valid
-        # (without options, the short key skips two type() calls on the hot path)
-        cache_key: tuple[Any, ...] = (
-            (rate, algorithm)
-            if burst is None and buckets is None
-            else (rate, algorithm, burst, buckets, type(burst), type(buckets))
-        )
+        cache_key = _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
         try:
             policy = self._policies.get(cache_key)
         except TypeError:  # an unhashable rate sequence (a list): not cached
             policy = None
         if policy is None:
-            policy = make_policy(rate, algorithm, burst, buckets)
+            policy = make_policy(rate, algorithm, burst, buckets, aligned, count_rejected)
             if len(self._policies) < 10_000:
                 with contextlib.suppress(TypeError):
                     self._policies[cache_key] = policy
@@ -139,7 +140,7 @@ class _Core:
             check_key(key)
         if type(cost) is not int or cost < 1:
             check_cost(cost)
-            if cost == 0 and op in ("hit", "peek"):
+            if cost == 0 and op == "hit":  # a peek of one unit; peek(cost=0) stays 0
                 op, cost = "peek", 1
         p = _PlanFields()  # make_plan's body, inlined (the hot path)
         p.op = op
@@ -209,6 +210,28 @@ class _Core:
         }
 
 
+def _cache_key(
+    rate: RateSpec,
+    algorithm: str,
+    burst: int | None,
+    buckets: int | None,
+    aligned: bool,
+    count_rejected: bool,
+) -> tuple[Any, ...]:
+    """The policy cache key of a call. With options their types are part of it (burst=5.0
+    equals burst=5, aligned=1 equals True, and neither is valid); the common spellings get
+    short keys, built without type() calls (this runs on every call)."""
+    if burst is None and buckets is None:
+        if aligned is False and count_rejected is False:
+            return (rate, algorithm)
+        if (aligned is True or aligned is False) and (
+            count_rejected is True or count_rejected is False
+        ):
+            return (rate, algorithm, aligned, count_rejected)
+    options = (burst, buckets, aligned, count_rejected)
+    return (rate, algorithm, *options, *(type(o) for o in options))
+
+
 class _Base:
     """Constructor and plan helpers common to both limiters."""
 
@@ -238,7 +261,11 @@ class _Base:
 
 
 class Limiter(_Base):
-    """Synchronous rate limiter. ``Limiter()`` uses an in-memory store and ``time.time``."""
+    """Synchronous rate limiter. ``Limiter()`` uses an in-memory store and ``time.time``.
+
+    Options of the algorithms: ``burst`` (token_bucket, gcra), ``buckets`` (sliding_window),
+    ``aligned`` and ``count_rejected`` (fixed_window; see ``algorithms.fixed_window``).
+    """
 
     def __init__(
         self,
@@ -276,11 +303,19 @@ class Limiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = self._core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        decision = self._core.local_hit(
+            key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        )
         if decision is None:
-            decision = self._run(self._core.plan("hit", key, rate, algorithm, cost, burst, buckets))
+            decision = self._run(
+                self._core.plan(
+                    "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                )
+            )
         assert decision is not None  # hit and peek always produce a decision
         return decision
 
@@ -293,9 +328,16 @@ class Limiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Decision:
-        """The decision a ``hit`` of ``cost`` would get now, consuming nothing."""
-        decision = self._run(self._core.plan("peek", key, rate, algorithm, cost, burst, buckets))
+        """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
+        whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
+        decision = self._run(
+            self._core.plan(
+                "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            )
+        )
         assert decision is not None
         return decision
 
@@ -308,9 +350,15 @@ class Limiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
-        self._run(self._core.plan("refund", key, rate, algorithm, cost, burst, buckets))
+        self._run(
+            self._core.plan(
+                "refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            )
+        )
 
     def reset(
         self,
@@ -320,9 +368,15 @@ class Limiter(_Base):
         algorithm: str = "fixed_window",
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
-        self._run(self._core.plan("reset", key, rate, algorithm, 1, burst, buckets))
+        self._run(
+            self._core.plan(
+                "reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected
+            )
+        )
 
 
 class AsyncLimiter(_Base):
@@ -366,12 +420,18 @@ class AsyncLimiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = self._core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        decision = self._core.local_hit(
+            key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        )
         if decision is None:
             decision = await self._run(
-                self._core.plan("hit", key, rate, algorithm, cost, burst, buckets)
+                self._core.plan(
+                    "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                )
             )
         assert decision is not None
         return decision
@@ -385,10 +445,15 @@ class AsyncLimiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> Decision:
-        """The decision a ``hit`` of ``cost`` would get now, consuming nothing."""
+        """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
+        whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
         decision = await self._run(
-            self._core.plan("peek", key, rate, algorithm, cost, burst, buckets)
+            self._core.plan(
+                "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            )
         )
         assert decision is not None
         return decision
@@ -402,9 +467,15 @@ class AsyncLimiter(_Base):
         cost: int = 1,
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
-        await self._run(self._core.plan("refund", key, rate, algorithm, cost, burst, buckets))
+        await self._run(
+            self._core.plan(
+                "refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            )
+        )
 
     async def reset(
         self,
@@ -414,6 +485,12 @@ class AsyncLimiter(_Base):
         algorithm: str = "fixed_window",
         burst: int | None = None,
         buckets: int | None = None,
+        aligned: bool = False,
+        count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
-        await self._run(self._core.plan("reset", key, rate, algorithm, 1, burst, buckets))
+        await self._run(
+            self._core.plan(
+                "reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected
+            )
+        )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .algorithms import ALGORITHMS, Algorithm, Limit, Outcome
+from .algorithms.base import COUNT_REJECTED
 from .decision import Decision, _DecisionFields, make_decision
 from .errors import ConfigError, RateSpecError
 from .rates import Rate, to_rates
@@ -69,17 +70,25 @@ def make_plan(op: Op, policy: Policy, key: str, now_ms: int, cost: int) -> Plan:
 
 
 def make_policy(
-    rates: str | Rate | Sequence[Rate], algorithm: str, burst: int | None, buckets: int | None
+    rates: str | Rate | Sequence[Rate],
+    algorithm: str,
+    burst: int | None,
+    buckets: int | None,
+    aligned: bool = False,
+    count_rejected: bool = False,
 ) -> Policy:
-    """Validate rates, algorithm and options; raise a ``ValueError`` naming what is wrong."""
+    """Validate rates, algorithm and options; raise a ``ValueError`` naming what is wrong.
+
+    ``aligned`` and ``count_rejected`` are fixed_window's (False means not given)."""
     module = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
     if module is None:
         raise ConfigError(
             f"algorithm {algorithm!r} is unknown; expected one of {', '.join(sorted(ALGORITHMS))}"
         )
     options: dict[str, int] = {}
-    for name, value in (("burst", burst), ("buckets", buckets)):
-        if value is None:
+    given = (("burst", burst), ("buckets", buckets))
+    for name, value in (*given, ("aligned", aligned), ("count_rejected", count_rejected)):
+        if value is None or value is False:
             continue
         if name not in module.OPTIONS:
             takes = ", ".join(sorted(module.OPTIONS)) or "no options"
@@ -87,10 +96,21 @@ def make_policy(
         options[name] = value
     stack = to_rates(rates)
     limits = tuple(module.make_limit(r, options) for r in stack)
-    shape = (
-        f"{limits[0].buckets}" if module.NAME == "sliding_window" and limits[0].buckets > 1 else ""
-    )
-    slots = tuple(f"{module.CODE}{shape}:{r.code}" for r in stack)
+    first = limits[0]
+    if module.NAME == "sliding_window" and first.buckets > 1:
+        slots = tuple(f"{module.CODE}{first.buckets}:{r.code}" for r in stack)
+    elif first.flags & COUNT_REJECTED:  # the counter counts hits whatever the limit
+        periods = [r.code.split("/")[1] for r in stack]
+        if len(set(periods)) != len(periods):
+            raise ConfigError(
+                f"rates {', '.join(str(r) for r in stack)} repeat a period; with "
+                "count_rejected the rates of one period share one counter, so give each "
+                "period once"
+            )
+        slots = tuple(f"{module.CODE}{first.flags}:{p}" for p in periods)
+    else:
+        shape = f"{first.flags}" if first.flags else ""
+        slots = tuple(f"{module.CODE}{shape}:{r.code}" for r in stack)
     return Policy(module, limits, slots, stack)
 
 
@@ -111,7 +131,8 @@ def check_key(key: object) -> str:
 def run_stack(
     policy: Policy, states: Sequence[Any], now_ms: int, cost: int, charge: bool
 ) -> tuple[list[Outcome], list[Any] | None]:
-    """Step every rate; return the outcomes and, if all admit and ``charge``, the new states."""
+    """Step every rate; return the outcomes and, if all admit (or the policy counts rejected
+    hits too) and ``charge``, the new states."""
     step = policy.algorithm.step
     outcomes: list[Outcome] = []
     new_states: list[Any] = []
@@ -119,7 +140,7 @@ def run_stack(
         outcome, new_state = step(state, limit, now_ms, cost, charge)
         outcomes.append(outcome)
         new_states.append(new_state)
-    if charge and all(o.allowed for o in outcomes):
+    if charge and (all(o.allowed for o in outcomes) or policy.limits[0].flags & COUNT_REJECTED):
         return outcomes, new_states
     return outcomes, None
 

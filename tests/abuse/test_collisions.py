@@ -169,10 +169,12 @@ def test_tenants_whose_name_and_key_overlap_never_share(
     assert limiter.stats()["store_errors"] == 0
 
 
-def test_envoy_limits_whose_generated_names_coincide_are_refused() -> None:
-    """Domain ``a/b`` + key ``c`` and domain ``a`` + keys ``b``, ``c`` both named ``a/b/c``:
-    the second used to replace the first's limit silently (5/hour became 1000/second)."""
-    config = """\
+def test_envoy_limits_whose_generated_names_coincide_keep_their_own_limits() -> None:
+    """Domain ``a/b`` + key ``c`` and domain ``a`` + keys ``b``, ``c`` are both named ``a/b/c``:
+    the second used to replace the first's limit silently (5/hour became 1000/second). Now
+    the second is named ``a/b/c~2`` and each descriptor keeps its limit and counter."""
+    config = parse_text(
+        """\
 domains:
   - domain: a/b
     descriptors:
@@ -185,26 +187,17 @@ domains:
           - key: c
             rate_limit: {unit: second, requests_per_unit: 1000}
 """
-    with pytest.raises(ValueError, match=r"<config>:10: .*'a/b/c'.*rename"):
-        parse_text(config)
+    )
+    assert config.policies["a/b/c"].policy.rates[0].count == 5
+    assert config.policies["a/b/c~2"].policy.rates[0].count == 1000
 
 
-def test_a_descriptor_key_holding_equals_is_refused() -> None:
-    """``key: "k=v"`` (any value) and ``key: k, value: v`` were both matched as ``k=v``."""
-    config = """\
-domains:
-  - domain: d
-    descriptors:
-      - key: "k=v"
-        rate_limit: {unit: hour, requests_per_unit: 5}
-"""
-    with pytest.raises(ValueError, match=r"<config>:4: descriptor key 'k=v' .*no '='"):
-        parse_text(config)
-
-
-def test_a_request_key_holding_equals_matches_no_exact_node() -> None:
+def test_keys_holding_equals_or_underscores_never_share_a_counter() -> None:
+    """``key: "k=v"`` and ``key: k, value: v`` are distinct descriptors (envoyproxy/ratelimit
+    accepts both); requests whose entries differ never share a counter, however they join."""
     from ratekeeper import AsyncLimiter, MemoryStore
     from ratekeeper.service.engine import Engine
+    from ratekeeper.service.envoy import Descriptor, Envoy
     from ratekeeper.service.metrics import Metrics
 
     config = parse_text(
@@ -212,15 +205,27 @@ def test_a_request_key_holding_equals_matches_no_exact_node() -> None:
 domains:
   - domain: d
     descriptors:
+      - key: "k=v"
+        rate_limit: {unit: hour, requests_per_unit: 1}
       - key: k
-        value: "v=x"
-        unlimited: true
-      - key: k
+        value: v
+        rate_limit: {unit: hour, requests_per_unit: 1}
+      - key: a_b
+        rate_limit: {unit: hour, requests_per_unit: 1}
+      - key: a
         rate_limit: {unit: hour, requests_per_unit: 1}
 """
     )
-    engine = Engine(config, AsyncLimiter(store=MemoryStore()), Metrics(), clock=lambda: T0)
-    smuggled = asyncio.run(engine.should_rate_limit("d", [[("k=v", "x")]], 1))
-    assert smuggled[0].result is None and not smuggled[0].unlimited
-    honest = asyncio.run(engine.should_rate_limit("d", [[("k", "v=x")]], 1))
-    assert honest[0].unlimited
+    metrics = Metrics()
+    engine = Engine(config, AsyncLimiter(store=MemoryStore()), metrics, clock=lambda: T0)
+    envoy = Envoy(engine, metrics.envoy)
+    requests = [[("k=v", "x")], [("k", "v")], [("a_b", "c")], [("a", "b_c")]]
+
+    async def answers() -> list[bool]:
+        out = []
+        for entries in requests + requests:
+            answer = await envoy.should_rate_limit("d", [Descriptor(tuple(entries))], 1)
+            out.append(answer.over)
+        return out
+
+    assert asyncio.run(answers()) == [False] * 4 + [True] * 4

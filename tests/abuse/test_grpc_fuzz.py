@@ -11,11 +11,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
+from envoy.service.ratelimit.v3 import rls_pb2 as pb
+from envoy.service.ratelimit.v3 import rls_pb2_grpc as pb_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratekeeper.service.proto import rls_pb2 as pb
-from ratekeeper.service.proto import rls_pb2_grpc as pb_grpc
 from tests.service.proc import ServiceProcess
 
 CONFIG = """\
@@ -28,7 +29,7 @@ domains:
         rate_limit: {unit: minute, requests_per_unit: 5}
       - key: user
         value: vip
-        unlimited: true
+        rate_limit: {unlimited: true}
       - key: user
         descriptors:
           - key: path
@@ -79,8 +80,8 @@ def test_every_request_is_answered_or_refused_naming_the_field(
     request = pb.RateLimitRequest(
         domain=domain,
         descriptors=[
-            pb.RateLimitDescriptor(
-                entries=[pb.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+            common_pb.RateLimitDescriptor(
+                entries=[common_pb.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
             )
             for entries in descriptors
         ],

@@ -65,7 +65,7 @@ descriptors:
         rate_limit: {unit: MINUTE, requests_per_unit: 10}
       - key: plan
         value: internal
-        unlimited: true
+        rate_limit: {unlimited: true}
   - key: blocked
     rate_limit: {unit: day, requests_per_unit: 0}
 """
@@ -86,16 +86,20 @@ def test_our_format() -> None:
 
 def test_envoy_format_as_is() -> None:
     cfg = config.parse_text(ENVOY)
-    tree = cfg.domains["mongo_cps"]
-    users = tree["database=users"]
-    assert users.policy is not None
+    tree = cfg.domains["mongo_cps"].children  # by upstream's composite key: key or key_value
+    users = tree["database_users"].limit
+    assert users is not None and users.policy is not None
     assert cfg.policies[users.policy].policy.rates == (Rate(500, 1.0),)
-    assert cfg.policies[tree["database=default"].policy or ""].shadow
+    default = tree["database_default"].limit
+    assert default is not None and cfg.policies[default.policy or ""].shadow
     nested = tree["client_id"].children
-    assert cfg.policies[nested["path"].policy or ""].policy.rates == (Rate(10, 60.0),)
-    assert nested["plan=internal"].unlimited and nested["plan=internal"].policy is None
-    assert tree["client_id"].policy is None
-    assert cfg.policies[tree["blocked"].policy or ""].block
+    path = nested["path"].limit
+    assert path is not None and cfg.policies[path.policy or ""].policy.rates == (Rate(10, 60.0),)
+    internal = nested["plan_internal"].limit
+    assert internal is not None and internal.unlimited and internal.policy is None
+    assert tree["client_id"].limit is None
+    blocked = tree["blocked"].limit
+    assert blocked is not None and cfg.policies[blocked.policy or ""].block
 
 
 STORES = [
@@ -129,7 +133,8 @@ def test_files_merge_and_a_descriptor_can_name_a_policy(tmp_path: Path) -> None:
     b = tmp_path / "b.yaml"
     b.write_text("domain: d\ndescriptors:\n  - key: k\n    policy: shared\n")
     cfg = config.load([str(a), str(b)], env={})
-    assert cfg.domains["d"]["k"].policy == "shared"
+    limit = cfg.domains["d"].children["k"].limit
+    assert limit is not None and limit.policy == "shared"
 
 
 def test_tokens_from_environment(tmp_path: Path) -> None:
@@ -186,7 +191,7 @@ BAD = [
     ("policies: [1, 2]\n", 1, "policies must be a mapping"),
     ("policies:\n  a: {rate: 1/s\n", 3, "invalid YAML"),
     ("", 1, "the file is empty"),
-    ("domain: d\ndescriptors:\n  - value: x\n", 3, "descriptor key None"),
+    ("domain: d\ndescriptors:\n  - value: x\n", 3, "descriptor has an empty key"),
     (
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, "
         "requests_per_unit: 1}\n",
@@ -201,14 +206,13 @@ BAD = [
     ),
     ("domain: d\ndescriptors:\n  - key: k\n    policy: nowhere\n", 4, "policy 'nowhere'"),
     (
-        "domain: d\ndescriptors:\n  - key: k\n    unlimited: true\n    rate_limit: "
-        "{unit: second, requests_per_unit: 1}\n",
-        3,
-        "both 'unlimited'",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+        4,
+        "should not specify rate limit unit when unlimited",
     ),
-    ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", 4, "'k' appears twice"),
-    ("domains:\n  - {}\n", 2, "needs a domain"),  # found by tests/abuse/test_fuzz.py
-    ("domains:\n  - descriptors: []\n", 2, "needs a domain"),
+    ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", 4, "composite key 'd.k'"),
+    ("domains:\n  - {}\n", 2, "cannot have empty domain"),  # found by tests/abuse/test_fuzz.py
+    ("domains:\n  - descriptors: []\n", 2, "cannot have empty domain"),
 ]
 
 
@@ -227,7 +231,9 @@ def test_duplicates_across_files_name_the_first_file(tmp_path: Path) -> None:
     a.write_text("domain: d\ndescriptors: []\n")
     b = tmp_path / "b.yaml"
     b.write_text("domain: d\ndescriptors: []\n")
-    with pytest.raises(ConfigError, match=r"b.yaml:1: domain 'd' is already defined in .*a.yaml"):
+    with pytest.raises(
+        ConfigError, match=r"b.yaml:1: duplicate domain 'd': already defined in .*a.yaml"
+    ):
         config.load([str(a), str(b)], env={})
 
 

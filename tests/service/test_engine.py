@@ -1,5 +1,5 @@
-"""The service engine on the memory store with a manual clock: policies, shadow, kill switch,
-the over-limit cache and Envoy descriptor matching."""
+"""The service engine on the memory store with a manual clock: policies, shadow, kill switch
+and the over-limit cache (Envoy's API: test_envoy.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,9 @@ from typing import Any, TypeVar
 import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
-from ratekeeper.errors import BadRequest, ConfigError
+from ratekeeper.errors import BadRequest
 from ratekeeper.service import config
-from ratekeeper.service.engine import (
-    UNLIMITED_REMAINING,
-    Engine,
-    EnvoyDescriptor,
-    envoy_key,
-    store_key,
-)
+from ratekeeper.service.engine import Engine, store_key
 from ratekeeper.service.metrics import InstrumentedStore, Metrics
 
 T = TypeVar("T")
@@ -40,23 +34,6 @@ policies:
   off:
     rate: 1/minute
     enabled: false
-domains:
-  - domain: edge
-    descriptors:
-      - key: ip
-        rate_limit: {unit: minute, requests_per_unit: 2}
-      - key: path
-        value: /login
-        rate_limit: {unit: hour, requests_per_unit: 1}
-      - key: tenant
-        descriptors:
-          - key: plan
-            value: internal
-            unlimited: true
-          - key: plan
-            rate_limit: {unit: second, requests_per_unit: 1}
-      - key: blocked
-        rate_limit: {unit: second, requests_per_unit: 0}
 """
 
 
@@ -187,80 +164,3 @@ def test_bad_names_and_keys(engine: Engine) -> None:
     with pytest.raises(BadRequest, match="not valid Unicode"):
         engine.check_key("a\ud800")
     assert engine.check_key("ключ ✓") == "ключ ✓"
-
-
-def envoy(
-    engine: Engine, *descriptors: list[tuple[str, str]] | EnvoyDescriptor, hits: int = 1
-) -> list[Any]:
-    return run(engine.should_rate_limit("edge", list(descriptors), hits))
-
-
-def test_envoy_matching(engine: Engine) -> None:
-    ip = [("ip", "10.0.0.1")]
-    res = envoy(engine, ip, [("path", "/login")], [("path", "/other")])
-    assert res[0].result.decision.limit == 2 and res[0].result.decision.remaining == 1
-    assert res[1].result.decision.remaining == 0
-    assert res[2].result is None and not res[2].unlimited
-    # a key-only node limits each value separately
-    assert envoy(engine, ip)[0].result.decision.allowed
-    assert not envoy(engine, ip)[0].result.decision.allowed
-    assert envoy(engine, [("ip", "10.0.0.2")])[0].result.decision.allowed
-    # nested: exact value first, then any value; an unmatched tail sets no limit
-    inner = envoy(engine, [("tenant", "a"), ("plan", "internal")], [("tenant", "a")])
-    assert inner[0].unlimited and inner[0].result is None
-    assert inner[1].result is None
-    free = envoy(engine, [("tenant", "a"), ("plan", "free")], hits=2)
-    assert not free[0].result.decision.allowed  # hits_addend 2 over a limit of 1
-    assert not envoy(engine, [("blocked", "x")])[0].result.decision.allowed
-    assert UNLIMITED_REMAINING == 2**32 - 1
-
-
-def test_envoy_keys_are_injective_and_domains_checked(engine: Engine) -> None:
-    assert envoy_key("d", [("a", "b,c")]) != envoy_key("d", [("a", "b"), ("c", "")])
-    with pytest.raises(BadRequest, match="domain 'nope'"):
-        run(engine.should_rate_limit("nope", [[("ip", "x")]], 1))
-    with pytest.raises(BadRequest, match="the limit is 40"):
-        envoy(engine, [("ip", "x" * 40)])
-
-
-def test_envoy_per_descriptor_hits_addend(engine: Engine) -> None:
-    ip = (("ip", "10.9.9.9"),)
-    peek = envoy(engine, EnvoyDescriptor(ip, hits=0))[0].result
-    assert peek.decision.allowed and peek.decision.remaining == 2  # checked, not charged
-    three = envoy(engine, EnvoyDescriptor(ip, hits=3), hits=1)[0].result
-    assert not three.decision.allowed  # the descriptor's 3 replaces the request's 1
-    both = envoy(engine, EnvoyDescriptor(ip, hits=2), [("ip", "10.9.9.9")], hits=1)
-    assert both[0].result.decision.allowed and both[0].result.decision.remaining == 0
-    assert not both[1].result.decision.allowed  # the plain descriptor charges the request's 1
-    spent = envoy(engine, EnvoyDescriptor(ip, hits=0))[0].result
-    assert not spent.decision.allowed and spent.decision.remaining == 0
-
-
-def test_envoy_limit_override_replaces_the_configured_limit(engine: Engine) -> None:
-    ip = (("ip", "10.8.8.8"),)
-    first = envoy(engine, EnvoyDescriptor(ip, limit=(3, 3600)))[0].result
-    assert first.policy == "edge/override:3/1h"
-    assert first.decision.limit == 3 and first.decision.remaining == 2
-    # counted apart: the configured 2/minute limit of the same descriptor is untouched
-    assert envoy(engine, [("ip", "10.8.8.8")])[0].result.decision.remaining == 1
-    # an override applies even where the tree sets no limit, and 0 requests is always over
-    nowhere = (("no", "such"),)
-    assert envoy(engine, EnvoyDescriptor(nowhere, limit=(1, 60)))[0].result.decision.allowed
-    assert not envoy(engine, EnvoyDescriptor(nowhere, limit=(1, 60)))[0].result.decision.allowed
-    blocked = envoy(engine, EnvoyDescriptor(nowhere, limit=(0, 60)))[0].result
-    assert not blocked.decision.allowed and blocked.decision.retry_after == float("inf")
-    month = envoy(engine, EnvoyDescriptor(ip, limit=(5, 30 * 86400)))[0].result
-    assert month.policy == "edge/override:5/30d" and month.decision.remaining == 4
-
-
-def test_envoy_month_and_year_units_are_envoys_30_and_365_days() -> None:
-    text = (
-        "domains:\n  - domain: d\n    descriptors:\n"
-        "      - key: m\n        rate_limit: {unit: month, requests_per_unit: 5}\n"
-        "      - key: y\n        rate_limit: {unit: YEAR, requests_per_unit: 7}\n"
-    )
-    policies = config.parse_text(text).policies
-    assert policies["d/m"].policy.rates[0].period == 30 * 86400
-    assert policies["d/y"].policy.rates[0].period == 365 * 86400
-    with pytest.raises(ConfigError, match="'fortnight' is unknown; expected one of"):
-        config.parse_text(text.replace("month", "fortnight"))

@@ -1,5 +1,5 @@
-"""``ratekeeper serve`` as a real process on free ports: HTTP via httpx, gRPC via the stub
-generated from our rls.proto, auth, bad input, reloads and metrics."""
+"""``ratekeeper serve`` as a real process on free ports: HTTP via httpx, gRPC via Envoy's
+generated stub (xds-protos), auth, bad input, reloads and metrics."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import jsonschema
 import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
+from envoy.service.ratelimit.v3 import rls_pb2 as pb
+from envoy.service.ratelimit.v3 import rls_pb2_grpc as pb_grpc
 
-from ratekeeper.service.proto import rls_pb2 as pb
-from ratekeeper.service.proto import rls_pb2_grpc as pb_grpc
 from tests.service.proc import ServiceProcess, run_serve
 
 TOKEN = "client-token-0123456789"
@@ -52,10 +54,10 @@ domains:
   - domain: edge
     descriptors:
       - key: ip
-        rate_limit: {{unit: hour, requests_per_unit: 2}}
+        rate_limit: {{unit: hour, requests_per_unit: 2, name: per-ip}}
       - key: plan
         value: internal
-        unlimited: true
+        rate_limit: {{unlimited: true}}
 """
 
 USER = {"Authorization": f"Bearer {TOKEN}"}
@@ -227,16 +229,15 @@ def test_metrics_content(http: httpx.Client) -> None:
     assert "ratekeeper_policies 4.0" in text or "ratekeeper_policies 5.0" in text
 
 
-def grpc_call(service: ServiceProcess, request: pb.RateLimitRequest) -> pb.RateLimitResponse:
+def grpc_call(service: ServiceProcess, request: Any) -> Any:
     with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         stub = pb_grpc.RateLimitServiceStub(channel)
-        response: pb.RateLimitResponse = stub.ShouldRateLimit(request, timeout=10)
-        return response
+        return stub.ShouldRateLimit(request, timeout=10)
 
 
-def descriptor(*entries: tuple[str, str]) -> pb.RateLimitDescriptor:
-    return pb.RateLimitDescriptor(
-        entries=[pb.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+def descriptor(*entries: tuple[str, str]) -> Any:
+    return common_pb.RateLimitDescriptor(
+        entries=[common_pb.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
     )
 
 
@@ -252,17 +253,18 @@ def test_grpc_should_rate_limit(service: ServiceProcess) -> None:
     assert ip.code == OK and ip.limit_remaining == 1
     assert ip.current_limit.requests_per_unit == 2
     assert ip.current_limit.unit == pb.RateLimitResponse.RateLimit.HOUR
-    assert ip.current_limit.name == "edge/ip"
+    assert ip.current_limit.name == "per-ip"  # the configured rate_limit.name
     assert 0 < ip.duration_until_reset.seconds <= 3600
+    assert ip.duration_until_reset.seconds == 3600 - int(time.time()) % 3600  # aligned: the hour
     assert internal.code == OK and not internal.HasField("current_limit")
-    headers = {h.key: h.value for h in first.response_headers_to_add}
-    assert headers["X-RateLimit-Limit"] == "2" and headers["X-RateLimit-Remaining"] == "1"
+    assert internal.limit_remaining == 2**32 - 1  # unlimited
+    assert not first.response_headers_to_add  # none by default, as upstream
     second = grpc_call(
         service, pb.RateLimitRequest(domain="edge", descriptors=req.descriptors, hits_addend=2)
     )
     assert second.overall_code == OVER
     assert [s.code for s in second.statuses] == [OVER, OK]
-    assert "Retry-After" in {h.key for h in second.response_headers_to_add}
+    assert second.statuses[0].limit_remaining == 0
     other = grpc_call(
         service, pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "5.6.7.8"))])
     )
@@ -273,7 +275,7 @@ def test_grpc_per_descriptor_hits_addend_and_limit_override(service: ServiceProc
     from google.protobuf.wrappers_pb2 import UInt64Value
 
     OK, OVER = pb.RateLimitResponse.OK, pb.RateLimitResponse.OVER_LIMIT
-    Limit = pb.RateLimitDescriptor.RateLimitOverride
+    Limit = common_pb.RateLimitDescriptor.RateLimitOverride
     monthly = descriptor(("ip", "9.9.9.9"))
     monthly.limit.CopyFrom(Limit(requests_per_unit=3, unit=pb.RateLimitResponse.RateLimit.MONTH))
     monthly.hits_addend.CopyFrom(UInt64Value(value=2))
@@ -282,7 +284,9 @@ def test_grpc_per_descriptor_hits_addend_and_limit_override(service: ServiceProc
     assert status.code == OK and status.limit_remaining == 1  # 2 of the override's 3
     assert status.current_limit.unit == pb.RateLimitResponse.RateLimit.MONTH
     assert status.current_limit.requests_per_unit == 3
-    assert status.current_limit.name == "edge/override:3/30d"
+    assert status.current_limit.name == ""  # an override has no name, as upstream
+    month = 30 * 86400
+    assert status.duration_until_reset.seconds == month - int(time.time()) % month
     check = descriptor(("ip", "9.9.9.9"))
     check.limit.CopyFrom(monthly.limit)
     check.hits_addend.CopyFrom(UInt64Value(value=0))  # check only: charges nothing
@@ -295,13 +299,13 @@ def test_grpc_per_descriptor_hits_addend_and_limit_override(service: ServiceProc
     assert over.overall_code == OVER  # the descriptor's 2 replaces the request's 1
 
 
-def _bad_unit() -> pb.RateLimitDescriptor:
+def _bad_unit() -> Any:
     d = descriptor(("ip", "x"))
     d.limit.requests_per_unit = 5  # unit left UNKNOWN
     return d
 
 
-def _bad_hits() -> pb.RateLimitDescriptor:
+def _bad_hits() -> Any:
     d = descriptor(("ip", "x"))
     d.hits_addend.value = 2**40
     return d
@@ -313,18 +317,36 @@ def _bad_hits() -> pb.RateLimitDescriptor:
         pb.RateLimitRequest(domain="edge", descriptors=[_bad_unit()]),
         pb.RateLimitRequest(domain="edge", descriptors=[_bad_hits()]),
         pb.RateLimitRequest(domain="", descriptors=[descriptor(("ip", "x"))]),
-        pb.RateLimitRequest(domain="missing", descriptors=[descriptor(("ip", "x"))]),
         pb.RateLimitRequest(domain="edge"),
-        pb.RateLimitRequest(domain="edge", descriptors=[pb.RateLimitDescriptor()]),
         pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "x" * 40))]),
+        pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "x"))] * 257),
+        pb.RateLimitRequest(domain="edge", descriptors=[descriptor(*[("ip", "x")] * 9)] * 250),
     ],
 )
-def test_grpc_bad_input_is_invalid_argument(
-    service: ServiceProcess, request_: pb.RateLimitRequest
-) -> None:
+def test_grpc_bad_input_is_invalid_argument(service: ServiceProcess, request_: Any) -> None:
+    check = descriptor(("ip", "x"))
+    check.hits_addend.value = 0  # reads the counter, charges nothing
+    probe = pb.RateLimitRequest(domain="edge", descriptors=[check])
+    before = grpc_call(service, probe).statuses[0]
     with pytest.raises(grpc.RpcError) as info:
         grpc_call(service, request_)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert grpc_call(service, probe).statuses[0] == before  # nothing was charged
+
+
+def test_grpc_unknown_domain_and_empty_descriptor_are_ok(service: ServiceProcess) -> None:
+    """As upstream: an unknown domain limits nothing (also with a limit override), and a
+    descriptor without entries matches nothing."""
+    override = descriptor(("ip", "x"))
+    override.limit.requests_per_unit = 0  # always over, if it applied
+    override.limit.unit = pb.RateLimitResponse.RateLimit.SECOND
+    for request in [
+        pb.RateLimitRequest(domain="missing", descriptors=[descriptor(("ip", "x")), override]),
+        pb.RateLimitRequest(domain="edge", descriptors=[common_pb.RateLimitDescriptor()]),
+    ]:
+        answer = grpc_call(service, request)
+        assert answer.overall_code == pb.RateLimitResponse.OK
+        assert all(s.code == pb.RateLimitResponse.OK for s in answer.statuses)
 
 
 def test_reload_keeps_old_config_on_error(tmp_path: Path) -> None:
@@ -538,3 +560,37 @@ def test_concurrency_auth(service: ServiceProcess) -> None:
         assert anon.post("/v1/concurrency/release", json=lease).status_code == 401
         assert anon.post("/v1/concurrency/release", json=lease, headers=USER).json()["released"]
         assert anon.get("/v1/concurrency/acquire", headers=USER).status_code == 405
+
+
+def test_grpc_with_only_an_admin_token_requires_it(tmp_path: Path) -> None:
+    """``auth.grpc: true`` with an admin token alone used to leave gRPC open."""
+    path = tmp_path / "admin-only.yaml"
+    path.write_text(CONFIG.replace(f"  token: {TOKEN}\n", "").replace(
+        f"  admin_token: {ADMIN}\n", f"  admin_token: {ADMIN}\n  grpc: true\n"
+    ))  # fmt: skip
+    proc = ServiceProcess(path)
+    try:
+        req = pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "8.8.8.8"))])
+        with grpc.insecure_channel(f"127.0.0.1:{proc.grpc_port}") as channel:
+            stub = pb_grpc.RateLimitServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ShouldRateLimit(req, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.ShouldRateLimit(
+                req, timeout=10, metadata=(("authorization", f"Bearer {ADMIN}"),)
+            )
+            assert ok.overall_code == pb.RateLimitResponse.OK
+    finally:
+        proc.stop()
+
+
+def test_grpc_reply_that_could_be_too_large_is_refused_before_counting() -> None:
+    from ratekeeper.errors import BadRequest
+    from ratekeeper.service.grpc_rls import MAX_REPLY_BYTES, check_reply_size
+
+    big = descriptor(*[("k", "v" * 1100)] * 8)  # within max_descriptors and max_entries
+    request = pb.RateLimitRequest(domain="edge", descriptors=[big] * 256)
+    assert 2 * request.ByteSize() > MAX_REPLY_BYTES
+    check_reply_size(request, dynamic_metadata=False)  # statuses alone stay small
+    with pytest.raises(BadRequest, match="could exceed"):
+        check_reply_size(request, dynamic_metadata=True)  # the metadata echoes the request

@@ -11,6 +11,10 @@ An algorithm module is a plain module with ``NAME``, ``CODE`` (one letter used i
   After a charged, admitted step it equals the outcome's ``reset_ms`` (a fully reset rate is
   the same as no state), which the memory store's one-rate hit uses instead of calling it.
 
+A rejected step changes nothing, unless its ``Limit.flags`` has ``COUNT_REJECTED`` (an option
+only fixed_window takes): then a rejected hit is charged too, and stores write the state the
+step returns whether or not it admits (the same ``expires_ms``/``reset_ms`` rule holds).
+
 Times are integer epoch milliseconds (``now_ms``); the Lua twin in ``lua/<name>.lua`` does the
 same integer arithmetic (all values stay below 2**53, where doubles are exact), so the memory
 store and Redis reach identical decisions.
@@ -31,6 +35,9 @@ EXACT = 2**53
 
 INF = float("inf")
 
+COUNT_REJECTED = 2
+"""``Limit.flags`` bit: every hit is charged, admitted or not (envoyproxy/ratelimit's counting)."""
+
 HORIZON_MS = 4_102_444_800_000
 """2100-01-01 in epoch ms: exactness checks that add a duration to ``now`` assume now before it."""
 
@@ -42,7 +49,8 @@ class Limit:
     ``capacity`` is the most units that may pass at one instant: ``burst`` when set, else
     ``count``. It is derived once here because every step reads it. ``unit`` is a constant an
     algorithm derives from the rate once instead of on every step (gcra: the emission interval
-    in µs); 0 when unused.
+    in µs); 0 when unused. ``flags`` holds yes/no options as bits (fixed_window: ``ALIGNED``,
+    ``COUNT_REJECTED``); it is sent to the Lua twin as the rate's ``extra`` argument.
     """
 
     rate: Rate
@@ -51,6 +59,7 @@ class Limit:
     burst: int = 0
     buckets: int = 1
     unit: int = 0
+    flags: int = 0
     capacity: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -11,34 +11,58 @@ Timeline, limit 3/minute, first hit at t=10 s::
     t=40 hit  -> rejected, retry_after 30 s, nothing charged
     t=70 hit  -> window ended: fresh window, count 1, end 130
 
+Two options give envoyproxy/ratelimit's counting (the service's Envoy domains use both):
+
+- ``aligned``: windows are aligned to the period on the epoch, ``[now - now % period, ...)``,
+  so every key's minute starts on the minute and a day at 00:00 UTC.
+- ``count_rejected``: every hit is charged, admitted or not, so a client that keeps knocking
+  stays over its limit until the window ends (limit 10: hits of 8, 5, 1 answer allowed,
+  rejected, rejected; without the option the 1 passes). A rejection still reports what the
+  request found (``remaining`` before it). The counter counts hits whatever the limit, so the
+  state slot leaves the count out: every limit of the same period on a key reads one counter.
+
 Accuracy: exact per window; two adjacent windows can together admit 2x the limit within one
 period. Memory: one count and one end per key. Store: one read-modify-write per decision.
 """
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ..rates import Rate
-from .base import INF, Limit, Outcome, new_outcome
+from .base import COUNT_REJECTED, INF, Limit, Outcome, new_outcome
 
 NAME = "fixed_window"
 CODE = "f"
-OPTIONS: frozenset[str] = frozenset()
+OPTIONS: frozenset[str] = frozenset({"aligned", "count_rejected"})
+
+ALIGNED = 1
+"""``Limit.flags`` bit: windows start at multiples of the period since the epoch."""
+MAX_COUNT = 10**15
+"""A ``count_rejected`` counter stops growing here (exact in a double; no limit is this high)."""
 
 State = tuple[int, int]
 """(count, end_ms)."""
 
 
 def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
-    """A fixed window takes no options."""
-    return Limit(rate, rate.count, rate.period_ms)
+    """``aligned`` and ``count_rejected``: true or false (default false)."""
+    flags = 0
+    for name, bit in (("aligned", ALIGNED), ("count_rejected", COUNT_REJECTED)):
+        value = options.get(name, False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"option {name}={value!r} for {NAME} is invalid; expected True/False")
+        flags |= bit if value else 0
+    return Limit(rate, rate.count, rate.period_ms, flags=flags)
 
 
 def step(
     state: State | None, limit: Limit, now_ms: int, cost: int, charge: bool
 ) -> tuple[Outcome, State | None]:
-    """Admit ``cost`` if it fits in the current window; a rejection changes nothing."""
+    """Admit ``cost`` if it fits in the current window; a rejection changes nothing (unless
+    ``count_rejected``: then it is counted too)."""
     if state is None or state[1] <= now_ms:
-        count, end = 0, now_ms + limit.period_ms
+        period = limit.period_ms
+        count, end = 0, (now_ms - now_ms % period if limit.flags & ALIGNED else now_ms) + period
     else:
         count, end = state
     most = limit.count
@@ -48,7 +72,11 @@ def step(
             state = (count, end)
         return new_outcome((True, most - count, end, 0.0)), state
     retry = end - now_ms if cost <= most else INF
-    return new_outcome((False, most - count if count < most else 0, end, retry)), state
+    left = most - count if count < most else 0
+    if charge and limit.flags & COUNT_REJECTED:
+        count += cost
+        state = (count if count < MAX_COUNT else MAX_COUNT, end)
+    return new_outcome((False, left, end, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:

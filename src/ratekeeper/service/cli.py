@@ -25,8 +25,14 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "--config",
         action="append",
         default=[],
-        metavar="FILE",
-        help="YAML config (ours or Envoy ratelimit's); repeat to merge several files",
+        metavar="PATH",
+        help="YAML config file (ours or Envoy ratelimit's), or a directory of them (watched "
+        "and reloaded on change); repeat to merge several",
+    )
+    parser.add_argument(
+        "--config-dotfiles",
+        action="store_true",
+        help="read dot files in config directories too (skipped by default)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=_port, default=8080, help="HTTP port (0: any free)")
@@ -50,7 +56,11 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 2
     options = ServeOptions(
-        tuple(args.config), args.host, args.port, None if args.no_grpc else args.grpc_port
+        tuple(args.config),
+        args.host,
+        args.port,
+        None if args.no_grpc else args.grpc_port,
+        dotfiles=args.config_dotfiles,
     )
     return serve(options)
 

@@ -1,93 +1,71 @@
 """Service configuration: YAML files -> one frozen ``ServiceConfig``, or a ``ConfigError``
 naming the file, the line and what is wrong.
 
-Two formats are read, and may be mixed across files (``--config`` can be repeated):
+Two formats are read, and may be mixed across files (``--config`` can be repeated, and a
+directory stands for every file in it, as envoyproxy/ratelimit's runtime directory):
 
-- ours: ``store``, ``auth``, ``limits``, ``policies`` (named rate stacks with algorithm and
-  options, ``shadow``, ``enabled``; or ``kind: concurrency`` with ``capacity`` and
-  ``lease_ttl``: at most N requests in progress per key) and ``domains`` (Envoy-style
-  descriptor trees, which name rate policies only);
-- envoyproxy/ratelimit's, as is: a file whose top level is ``domain`` + ``descriptors``
-  (``key``, ``value``, ``rate_limit: {unit, requests_per_unit}``, ``shadow_mode``,
-  ``unlimited``, nested ``descriptors``). Keys this service does not act on (``name``,
-  ``detailed_metric``, ``replaces``) are accepted and ignored.
+- ours: ``store``, ``auth``, ``limits``, ``envoy`` (upstream's global settings, see
+  ``envoy_config.EnvoySettings``), ``policies`` (named rate stacks with algorithm and options,
+  ``shadow``, ``enabled``; or ``kind: concurrency`` with ``capacity`` and ``lease_ttl``: at
+  most N requests in progress per key) and ``domains`` (a list of Envoy-format domains);
+- envoyproxy/ratelimit's, as is: a file whose top level is ``domain`` + ``descriptors``, read
+  with upstream's rules by ``envoy_config``.
 
-Every Envoy ``rate_limit`` becomes a fixed-window policy of its own (named
-``<domain>/<key>=<value>/...``), so its counters never mix with those of another node; two
-nodes whose names would coincide (``a/b`` + ``c`` and ``a`` + ``b`` + ``c``) are refused, and
-a descriptor key may not hold ``=`` (it separates key from value in the tree). A descriptor
-may instead name one of our policies with ``policy:`` (our extension).
-Validation is complete before anything is used: a config either loads whole or not at all.
+Settings are read from every file first, then policies, then domains, so a descriptor may
+name a policy (``policy:``, our extension) of any file. Validation is complete before
+anything is used: a config either loads whole or not at all. Keys upstream accepts where they
+do nothing are reported in ``ServiceConfig.warnings``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..errors import ConfigError, RateSpecError
-from ..plan import Policy, make_policy
-from ..rates import Rate
-from .yaml_lines import Loader, Map, Problem, Seq
+from ..errors import ConfigError
+from .config_files import config_files
+from .envoy_config import (
+    UNIT_SECONDS,
+    VALID_KEYS,
+    DomainCompiler,
+    EnvoyNode,
+    EnvoySettings,
+    check_values,
+)
+from .envoy_config import settings as envoy_settings
+from .policies import ConcurrencySpec as ConcurrencySpec
+from .policies import PolicySpec as PolicySpec
+from .policies import policy_from
+from .yaml_lines import (
+    Map,
+    Problem,
+    need_bool,
+    need_int,
+    need_map,
+    need_seq,
+    no_unknown,
+    parse,
+)
 
 EXAMPLE = Path(__file__).with_name("example.yaml")
 """The built-in example policy file used by ``ratekeeper serve`` without ``--config``."""
 
 ENVOY_UNITS = {
-    "second": 1,
-    "minute": 60,
-    "hour": 3600,
-    "day": 86400,
-    "week": 7 * 86400,
-    "month": 30 * 86400,
-    "year": 365 * 86400,
+    "second": UNIT_SECONDS[1],
+    "minute": UNIT_SECONDS[2],
+    "hour": UNIT_SECONDS[3],
+    "day": UNIT_SECONDS[4],
+    "week": UNIT_SECONDS[7],
+    "month": UNIT_SECONDS[5],
+    "year": UNIT_SECONDS[6],
 }
 """Envoy's units in seconds; a month is 30 days and a year 365, as envoyproxy/ratelimit counts."""
 DEFAULT_MAX_KEY_LENGTH = 512
 MAX_KEY_LENGTH_LIMIT = 65_536
-
-
-@dataclass(frozen=True, slots=True)
-class PolicySpec:
-    """A named policy: a validated rate stack, and whether it is enforced."""
-
-    name: str
-    policy: Policy
-    rate_text: str
-    algorithm: str
-    burst: int | None = None
-    buckets: int | None = None
-    shadow: bool = False
-    enabled: bool = True
-    block: bool = False
-    """Envoy's ``requests_per_unit: 0``: every request is over the limit."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConcurrencySpec:
-    """A named concurrency policy: at most ``capacity`` leases live per key."""
-
-    name: str
-    capacity: int
-    lease_ttl: float = 60.0
-    """Seconds after which a lease never released (a crashed caller) expires."""
-    shadow: bool = False
-    enabled: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class DescriptorNode:
-    """One node of an Envoy descriptor tree; ``policy`` is None when it sets no limit."""
-
-    policy: str | None
-    unlimited: bool
-    children: Mapping[str, DescriptorNode]
-    """Keyed ``"key=value"`` for an exact match, ``"key"`` for any value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,40 +111,80 @@ class ServiceConfig:
     max_key_length: int = DEFAULT_MAX_KEY_LENGTH
     local_cache: bool = True
     policies: Mapping[str, PolicySpec] = field(default_factory=dict)
-    domains: Mapping[str, Mapping[str, DescriptorNode]] = field(default_factory=dict)
+    domains: Mapping[str, EnvoyNode] = field(default_factory=dict)
+    """Envoy-format domains: each a compiled descriptor tree."""
     concurrency: Mapping[str, ConcurrencySpec] = field(default_factory=dict)
     """Concurrency policies (``kind: concurrency``); their names differ from ``policies``'."""
+    envoy: EnvoySettings = field(default_factory=EnvoySettings)
+    warnings: tuple[str, ...] = ()
+    """``file:line: message`` for keys accepted but without effect (as upstream ignores them)."""
 
 
 # --- loading ----------------------------------------------------------------------------------
 
 
-def load(paths: list[str] | tuple[str, ...], env: Mapping[str, str] | None = None) -> ServiceConfig:
-    """Read, merge and validate config files; raise ``ConfigError`` ("file:line: problem")."""
+def load(
+    paths: list[str] | tuple[str, ...],
+    env: Mapping[str, str] | None = None,
+    dotfiles: bool = False,
+) -> ServiceConfig:
+    """Read, merge and validate config files (a directory: every file in it, see
+    ``config_files``); raise ``ConfigError`` ("file:line: problem")."""
     env = os.environ if env is None else env
     if not paths:
         paths = (str(EXAMPLE),)
-    builder = _Builder(env)
-    for path in paths:
+    docs = []
+    for path in config_files(paths, dotfiles):
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
-        try:
-            builder.add_file(path, text)
-        except Problem as exc:
-            raise ConfigError(f"{path}:{exc.line}: {exc.message}") from None
-    return builder.build(tuple(str(p) for p in paths))
+        docs.append((path, text))
+    return _build(docs, env)
 
 
 def parse_text(text: str, name: str = "<config>") -> ServiceConfig:
     """Validate one config given as text (tests and tools)."""
-    builder = _Builder({})
+    return _build([(name, text)], {})
+
+
+def _build(texts: list[tuple[str, str]], env: Mapping[str, str]) -> ServiceConfig:
+    """Settings from every file first, then policies, then domains (so a domain may name a
+    policy of any file); every problem names its file and line."""
+    builder = _Builder(env)
+    docs = []
+    for path, text in texts:
+        with _in(path):
+            docs.append((path, _document(text)))
+    for phase in (builder.read_settings, builder.read_policies, builder.read_domains):
+        for path, doc in docs:
+            with _in(path):
+                phase(path, doc)
+    with _in(builder.settings_file or texts[0][0] if texts else "<config>"):
+        return builder.build(tuple(path for path, _ in texts))
+
+
+@contextlib.contextmanager
+def _in(path: str) -> Iterator[None]:
+    """Turn a ``Problem`` raised inside into a ``ConfigError`` naming ``path``."""
     try:
-        builder.add_file(name, text)
+        yield
     except Problem as exc:
-        raise ConfigError(f"{name}:{exc.line}: {exc.message}") from None
-    return builder.build((name,))
+        raise ConfigError(f"{path}:{exc.line}: {exc.message}") from None
+
+
+def _document(text: str) -> Map:
+    doc = parse(text)
+    if doc is None:
+        raise Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
+    if not isinstance(doc, Map):
+        raise Problem(1, "the top level must be a mapping with 'policies' or 'domain'")
+    if "descriptors" in doc and "domain" not in doc:
+        for key in doc:
+            if key not in VALID_KEYS:
+                raise Problem(doc.lines[key], f"unknown key {key!r} in an Envoy domain file")
+        raise Problem(doc.line, "config file cannot have empty domain: add domain: <name>")
+    return doc
 
 
 class _Builder:
@@ -185,16 +203,25 @@ class _Builder:
                     raise ConfigError(exc.message) from None
             tokens[var] = value
         self.auth = AuthSettings(tokens["RATEKEEPER_TOKEN"], tokens["RATEKEEPER_ADMIN_TOKEN"])
+        self.auth_line = 0
         self.max_key_length = DEFAULT_MAX_KEY_LENGTH
         self.local_cache = True
+        self.envoy = EnvoySettings()
         self.settings_file = ""
         self.policies: dict[str, PolicySpec] = {}
         self.concurrency: dict[str, ConcurrencySpec] = {}
         self.policy_files: dict[str, str] = {}
-        self.domains: dict[str, dict[str, DescriptorNode]] = {}
+        self.domains: dict[str, DomainCompiler] = {}
         self.domain_files: dict[str, str] = {}
+        self.warnings: list[str] = []
 
     def build(self, files: tuple[str, ...]) -> ServiceConfig:
+        if self.auth.grpc and not (self.auth.token or self.auth.admin_token):
+            raise Problem(
+                self.auth_line,
+                "auth.grpc: true needs a token (auth.token or RATEKEEPER_TOKEN): gRPC callers "
+                "must present it, and with no token configured gRPC would stay open",
+            )
         return ServiceConfig(
             files,
             self.store,
@@ -202,52 +229,51 @@ class _Builder:
             self.max_key_length,
             self.local_cache,
             dict(self.policies),
-            {d: dict(tree) for d, tree in self.domains.items()},
+            {name: compiler.build() for name, compiler in self.domains.items()},
             dict(self.concurrency),
+            self.envoy,
+            tuple(self.warnings),
         )
 
-    def add_file(self, path: str, text: str) -> None:
-        try:
-            doc = yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
-        except Problem:
-            raise
-        except yaml.MarkedYAMLError as exc:
-            line = exc.problem_mark.line + 1 if exc.problem_mark else 1
-            raise Problem(line, f"invalid YAML: {exc.problem}") from None
-        except yaml.YAMLError as exc:
-            raise Problem(1, f"invalid YAML: {exc}") from None
-        except RecursionError:
-            raise Problem(1, "invalid YAML: lists or mappings nest too deeply") from None
-        except ValueError as exc:  # e.g. an integer of over 4300 digits
-            raise Problem(1, f"invalid YAML: {str(exc)[:200]}") from None
-        if doc is None:
-            raise Problem(1, "the file is empty; expected a mapping with 'policies' or 'domain'")
-        if not isinstance(doc, Map):
-            raise Problem(1, "the top level must be a mapping with 'policies' or 'domain'")
+    def read_settings(self, path: str, doc: Map) -> None:
+        """Phase 1: store, auth, limits and envoy (one file may set them)."""
         if "domain" in doc:
-            self._envoy_domain(path, doc, doc.line)
             return
-        allowed = {"store", "auth", "limits", "policies", "domains"}
-        _no_unknown(doc, allowed, "the top level")
-        if any(k in doc for k in ("store", "auth", "limits")):
-            if self.settings_file:
-                line = min(doc.lines[k] for k in ("store", "auth", "limits") if k in doc)
-                raise Problem(line, f"store/auth/limits are already set in {self.settings_file}")
-            self.settings_file = path
+        _no_unknown(
+            doc, {"store", "auth", "limits", "envoy", "policies", "domains"}, "the top level"
+        )
+        given = [k for k in ("store", "auth", "limits", "envoy") if k in doc]
+        if not given:
+            return
+        if self.settings_file:
+            line = min(doc.lines[k] for k in given)
+            raise Problem(line, f"store/auth/limits/envoy are already set in {self.settings_file}")
+        self.settings_file = path
         if "store" in doc:
             self.store = _store(doc["store"], doc.lines["store"])
         if "auth" in doc:
+            self.auth_line = doc.lines["auth"]
             self.auth = _auth(_map(doc["auth"], doc.lines["auth"], "auth"), self.env, self.auth)
         if "limits" in doc:
             self._limits(_map(doc["limits"], doc.lines["limits"], "limits"))
-        if "policies" in doc:
+        if "envoy" in doc:
+            self.envoy = envoy_settings(_map(doc["envoy"], doc.lines["envoy"], "envoy"))
+
+    def read_policies(self, path: str, doc: Map) -> None:
+        """Phase 2: named policies."""
+        if "policies" in doc and "domain" not in doc:
             policies = _map(doc["policies"], doc.lines["policies"], "policies")
             for name, body in policies.items():
                 self._add_policy(path, name, body, policies.lines[name])
-        if "domains" in doc:
+
+    def read_domains(self, path: str, doc: Map) -> None:
+        """Phase 3: Envoy-format domains (a file of one, or our format's ``domains:`` list)."""
+        if "domain" in doc:
+            self._envoy_domain(path, doc)
+        elif "domains" in doc:
             domains = _seq(doc["domains"], doc.lines["domains"], "domains")
             for item, line in zip(domains, domains.lines, strict=True):
-                self._envoy_domain(path, _map(item, line, "a domain"), line)
+                self._envoy_domain(path, _map(item, line, "a domain"))
 
     def _limits(self, limits: Map) -> None:
         _no_unknown(limits, {"max_key_length", "local_cache"}, "limits")
@@ -280,120 +306,65 @@ class _Builder:
             )
         self.policy_files[name] = path
 
-    def _envoy_domain(self, path: str, doc: Map, line: int) -> None:
-        _no_unknown(doc, {"domain", "descriptors"}, "an Envoy domain")
-        if "domain" not in doc:
-            raise Problem(line, "an Envoy domain needs a domain: name (a non-empty string)")
-        domain = doc["domain"]
-        if not isinstance(domain, str) or not domain:
-            raise Problem(doc.lines["domain"], f"domain {domain!r} must be a non-empty string")
-        if domain in self.domains:
+    def _envoy_domain(self, path: str, doc: Map) -> None:
+        check_values(doc, doc.line)
+        domain = _domain_name(doc)
+        compiler = self.domains.get(domain)
+        if compiler is not None and not self.envoy.merge_domains:
             raise Problem(
-                line, f"domain {domain!r} is already defined in {self.domain_files[domain]}"
+                doc.lines.get("domain", doc.line),
+                f"duplicate domain {domain!r}: already defined in {self.domain_files[domain]} "
+                "(envoy.merge_domains: true merges them)",
             )
-        tree: dict[str, DescriptorNode] = {}  # a domain without descriptors limits nothing
-        if "descriptors" in doc:
-            seq = _seq(doc["descriptors"], doc.lines["descriptors"], "descriptors")
-            tree = self._tree(domain, seq, ())
-        self.domains[domain] = tree
-        self.domain_files[domain] = path
-
-    def _tree(self, domain: str, seq: Seq, parents: tuple[str, ...]) -> dict[str, DescriptorNode]:
-        out: dict[str, DescriptorNode] = {}
-        for item, line in zip(seq, seq.lines, strict=True):
-            d = _map(item, line, "a descriptor")
-            _no_unknown(
-                d,
-                {
-                    "key",
-                    "value",
-                    "rate_limit",
-                    "shadow_mode",
-                    "unlimited",
-                    "descriptors",
-                    "policy",
-                    "algorithm",
-                    "detailed_metric",
-                    "replaces",
-                    "name",
-                },
-                "a descriptor",
-            )
-            key = d.get("key")
-            if not isinstance(key, str) or not key or "=" in key:
-                raise Problem(d.line, f"descriptor key {key!r} must be a non-empty string, no '='")
-            value = d.get("value")
-            if value is not None and not isinstance(value, str | int):
-                raise Problem(d.lines["value"], f"descriptor value {value!r} must be a string")
-            match = key if value is None else f"{key}={value}"
-            if match in out:
-                raise Problem(d.line, f"descriptor {match!r} appears twice at this level")
-            path = (*parents, match)
-            policy = self._descriptor_policy(domain, path, d)
-            unlimited = _bool(
-                d.get("unlimited", False), d.lines.get("unlimited", d.line), "unlimited"
-            )
-            if unlimited and policy is not None:
-                raise Problem(d.line, "a descriptor cannot have both 'unlimited' and a limit")
-            children: dict[str, DescriptorNode] = {}
-            if "descriptors" in d:
-                nested = _seq(d["descriptors"], d.lines["descriptors"], "descriptors")
-                children = self._tree(domain, nested, path)
-            out[match] = DescriptorNode(policy, unlimited, children)
-        return out
-
-    def _descriptor_policy(self, domain: str, path: tuple[str, ...], d: Map) -> str | None:
-        if "policy" in d:
-            if "rate_limit" in d:
-                raise Problem(d.line, "a descriptor takes 'policy' or 'rate_limit', not both")
-            name = d["policy"]
-            if name in self.concurrency:
-                raise Problem(
-                    d.lines["policy"],
-                    f"policy {name!r} is a concurrency policy; a descriptor needs a rate policy",
-                )
-            if name not in self.policies:
-                known = ", ".join(sorted(self.policies)) or "none defined yet"
-                raise Problem(
-                    d.lines["policy"],
-                    f"policy {name!r} is not defined (define it under 'policies' in this or an "
-                    f"earlier file; known: {known})",
-                )
-            return str(name)
-        if "rate_limit" not in d:
-            return None
-        rl = _map(d["rate_limit"], d.lines["rate_limit"], "rate_limit")
-        _no_unknown(rl, {"unit", "requests_per_unit", "name"}, "rate_limit")
-        unit = rl.get("unit")
-        if not isinstance(unit, str) or unit.lower() not in ENVOY_UNITS:
-            raise Problem(
-                rl.lines.get("unit", rl.line),
-                f"rate_limit unit {unit!r} is unknown; expected one of {', '.join(ENVOY_UNITS)}",
-            )
-        count = _int(
-            rl.get("requests_per_unit"),
-            rl.lines.get("requests_per_unit", rl.line),
-            "rate_limit.requests_per_unit",
-            0,
-            2**32 - 1,
+        if compiler is None:
+            compiler = DomainCompiler(domain, self._register, self._lookup)
+            self.domains[domain] = compiler
+            self.domain_files[domain] = path
+        for key in doc:
+            if key not in ("domain", "descriptors"):
+                if key not in VALID_KEYS:
+                    raise Problem(doc.lines[key], f"unknown key {key!r} in an Envoy domain")
+                self.warnings.append(f"{path}:{doc.lines[key]}: key {key!r} has no effect here")
+        descriptors = doc.get("descriptors")
+        compiler.warnings.clear()
+        compiler.add(
+            None
+            if descriptors is None
+            else _seq(descriptors, doc.lines["descriptors"], "descriptors")
         )
-        name = domain + "/" + "/".join(path)
-        algorithm = str(d.get("algorithm", "fixed_window"))
-        period = float(ENVOY_UNITS[unit.lower()])
-        spec = _policy_from(name, Rate(max(count, 1), period), algorithm, {}, d)
-        shadow = _bool(
-            d.get("shadow_mode", False), d.lines.get("shadow_mode", d.line), "shadow_mode"
-        )
-        if name in self.policies:  # e.g. domain "a/b", key "c" and domain "a", keys "b", "c"
-            raise Problem(
-                d.line,
-                f"this descriptor's limit would be named {name!r}, like another descriptor's "
-                "limit; rename a domain, key or value so the names differ",
-            )
-        # Envoy: zero requests per unit puts every request over the limit.
-        self.policies[name] = replace(spec, shadow=shadow, block=count == 0)
+        self.warnings += [f"{path}:{line}: {message}" for line, message in compiler.warnings]
+
+    def _register(self, spec: PolicySpec, wished: str) -> str:
+        name, n = wished, 1
+        while name in self.policies or name in self.concurrency:
+            n += 1
+            name = f"{wished}~{n}"
+        self.policies[name] = replace(spec, name=name)
         self.policy_files[name] = "<envoy>"
         return name
+
+    def _lookup(self, name: Any, line: int) -> str:
+        if name in self.concurrency:
+            raise Problem(
+                line, f"policy {name!r} is a concurrency policy; a descriptor needs a rate policy"
+            )
+        if not isinstance(name, str) or name not in self.policies:
+            known = ", ".join(sorted(n for n, f in self.policy_files.items() if f != "<envoy>"))
+            raise Problem(
+                line,
+                f"policy {name!r} is not defined (define it under 'policies'; known: "
+                f"{known or 'none'})",
+            )
+        return name
+
+
+def _domain_name(doc: Map) -> str:
+    value = doc.get("domain")
+    if isinstance(value, bool) or not isinstance(value, str | int | None):
+        raise Problem(doc.lines.get("domain", doc.line), f"domain {value!r} must be a string")
+    if value is None or value == "":
+        raise Problem(doc.lines.get("domain", doc.line), "config file cannot have empty domain")
+    return str(value)
 
 
 # --- field helpers ----------------------------------------------------------------------------
@@ -416,7 +387,7 @@ def _policy(name: str, body: Map) -> PolicySpec:
         if opt in body:
             options[opt] = _int(body[opt], body.lines[opt], opt, 1, 10**12)
     algorithm = body.get("algorithm", "fixed_window")
-    spec = _policy_from(name, rate, algorithm, options, body)
+    spec = policy_from(name, rate, algorithm, options, body)
     shadow = _bool(body.get("shadow", False), body.lines.get("shadow", body.line), "shadow")
     enabled = _bool(body.get("enabled", True), body.lines.get("enabled", body.line), "enabled")
     return replace(spec, shadow=shadow, enabled=enabled)
@@ -438,27 +409,6 @@ def _concurrency(name: str, body: Map) -> ConcurrencySpec:
     shadow = _bool(body.get("shadow", False), body.lines.get("shadow", body.line), "shadow")
     enabled = _bool(body.get("enabled", True), body.lines.get("enabled", body.line), "enabled")
     return ConcurrencySpec(name, capacity, float(ttl), shadow, enabled)
-
-
-def _policy_from(
-    name: str,
-    rate: str | Rate,
-    algorithm: Any,
-    options: dict[str, int],
-    where: Map,
-) -> PolicySpec:
-    line = where.lines.get("rate", where.lines.get("rate_limit", where.line))
-    if not isinstance(algorithm, str):
-        raise Problem(
-            where.lines.get("algorithm", line), f"algorithm {algorithm!r} must be a string"
-        )
-    try:
-        policy = make_policy(rate, algorithm, options.get("burst"), options.get("buckets"))
-    except (ConfigError, RateSpecError) as exc:
-        bad = "algorithm" if "algorithm" in str(exc) and "algorithm" in where else "rate"
-        raise Problem(where.lines.get(bad, line), str(exc)) from None
-    text = rate if isinstance(rate, str) else str(rate)
-    return PolicySpec(name, policy, text, algorithm, options.get("burst"), options.get("buckets"))
 
 
 _URL = ("redis://", "rediss://", "unix://")
@@ -563,34 +513,8 @@ def _check_name(name: str, line: int) -> None:
         )
 
 
-def _no_unknown(body: Map, allowed: set[str], where: str) -> None:
-    for key in body:
-        if key not in allowed:
-            raise Problem(
-                body.lines[key],
-                f"unknown key {key!r} in {where}; expected one of {', '.join(sorted(allowed))}",
-            )
-
-
-def _map(value: Any, line: int, what: str) -> Map:
-    if not isinstance(value, Map):
-        raise Problem(line, f"{what} must be a mapping, not {type(value).__name__}")
-    return value
-
-
-def _seq(value: Any, line: int, what: str) -> Seq:
-    if not isinstance(value, Seq):
-        raise Problem(line, f"{what} must be a list, not {type(value).__name__}")
-    return value
-
-
-def _int(value: Any, line: int, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise Problem(line, f"{what} {value!r} must be a whole number from {low} to {high:_}")
-    return value
-
-
-def _bool(value: Any, line: int, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise Problem(line, f"{what} {value!r} must be true or false")
-    return value
+_no_unknown = no_unknown
+_map = need_map
+_seq = need_seq
+_int = need_int
+_bool = need_bool

@@ -19,13 +19,8 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
   token names a random 72-bit lease id, so a forged one releases nothing. ``enabled: false``
   and a full shadow policy answer "acquired" with a token that holds nothing (empty id);
   so does fail-open (``degraded``).
-- Envoy descriptors: each is matched entry by entry down its domain's tree (an exact
-  ``key=value`` node first, then a ``key`` node matching any value); the node reached by the
-  last entry sets the limit. Its counter key is the request's entries, so a ``key``-only node
-  limits each value separately. Descriptors are charged independently, as Envoy does. A
-  descriptor may carry its own ``hits_addend`` (0 checks without charging: a peek) and a limit
-  override, which replaces whatever the tree says with a fixed window of that rate, counted
-  apart from the configured limits (its policy is named ``<domain>/override:<rate>``).
+- Envoy's ``ShouldRateLimit`` is ``envoy.Envoy``, which decides each descriptor's limit with
+  ``decide`` on a key of its own (a counter shared as envoyproxy/ratelimit shares it).
 """
 
 from __future__ import annotations
@@ -44,8 +39,6 @@ from ..concurrency import AsyncConcurrencyLimiter, Lease
 from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
-from ..plan import make_policy
-from ..rates import Rate
 from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
@@ -80,25 +73,6 @@ class LeaseResult:
     degraded: bool = False
     shadow: bool = False
     """A shadow policy was full (the request was answered acquired, holding nothing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnvoyDescriptor:
-    """One descriptor of a ShouldRateLimit request, with Envoy's per-descriptor fields."""
-
-    entries: tuple[tuple[str, str], ...]
-    hits: int | None = None
-    """This descriptor's ``hits_addend`` when set: it replaces the request's; 0 checks only."""
-    limit: tuple[int, int] | None = None
-    """Envoy's limit override ``(requests_per_unit, unit seconds)``: replaces the configured one."""
-
-
-@dataclass(frozen=True, slots=True)
-class DescriptorResult:
-    """One Envoy descriptor's answer; ``result`` is None when no limit applies."""
-
-    result: Result | None
-    unlimited: bool = False
 
 
 class OverLimitCache:
@@ -153,8 +127,13 @@ def store_key(name: str, key: str) -> str:
 
 
 def envoy_key(domain: str, entries: Sequence[tuple[str, str]]) -> str:
-    """An Envoy descriptor's caller key: injective in (domain, entries)."""
-    return json.dumps([domain, *entries], separators=(",", ":"), ensure_ascii=False)
+    """An Envoy descriptor's counter key: injective in (domain, entries), every part length-
+    prefixed (``[4:edge|2:ip7:1.2.3.4``); it starts with ``[``, so it never equals a
+    ``store_key`` (which starts with a digit)."""
+    if len(entries) == 1:
+        ((k, v),) = entries
+        return f"[{len(domain)}:{domain}|{len(k)}:{k}{len(v)}:{v}"
+    return f"[{len(domain)}:{domain}" + "".join(f"|{len(k)}:{k}{len(v)}:{v}" for k, v in entries)
 
 
 def lease_token(name: str, key: str, lease_id: str) -> str:
@@ -211,7 +190,6 @@ class Engine:
         self.cache = OverLimitCache()
         self.config = config
         self.overrides: dict[str, tuple[bool, bool]] = {}
-        self._limit_overrides: dict[tuple[str, int, int], PolicySpec] = {}
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
@@ -276,18 +254,19 @@ class Engine:
 
     async def hit(self, spec: PolicySpec, key: str, cost: int) -> Result:
         """Consume ``cost`` units of ``key`` under the policy (all-or-nothing over its stack)."""
-        return await self._decide("hit", spec, key, cost)
+        return await self.decide("hit", spec, key, cost, store_key(spec.name, key))
 
     async def peek(self, spec: PolicySpec, key: str, cost: int) -> Result:
         """The answer a hit would get now, consuming nothing."""
-        return await self._decide("peek", spec, key, cost)
+        return await self.decide("peek", spec, key, cost, store_key(spec.name, key))
 
     async def refund(self, spec: PolicySpec, key: str, cost: int) -> None:
         """Give back ``cost`` units."""
         self.cache.forget(spec.name, key)
         await self.limiter.refund(
             store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm, cost=cost,
-            burst=spec.burst, buckets=spec.buckets,
+            burst=spec.burst, buckets=spec.buckets, aligned=spec.aligned,
+            count_rejected=spec.count_rejected,
         )  # fmt: skip
 
     async def reset(self, spec: PolicySpec, key: str) -> None:
@@ -295,7 +274,8 @@ class Engine:
         self.cache.forget(spec.name, key)
         await self.limiter.reset(
             store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm,
-            burst=spec.burst, buckets=spec.buckets,
+            burst=spec.burst, buckets=spec.buckets, aligned=spec.aligned,
+            count_rejected=spec.count_rejected,
         )  # fmt: skip
 
     async def acquire(self, spec: ConcurrencySpec, key: str) -> LeaseResult:
@@ -338,91 +318,45 @@ class Engine:
             return False
         return await self.leases.release(Lease(store_key(name, key), lease_id, 0.0))
 
-    async def _decide(self, op: str, spec: PolicySpec, key: str, cost: int) -> Result:
+    async def decide(self, op: str, spec: PolicySpec, key: str, cost: int, stored: str) -> Result:
+        """``hit`` or ``peek`` ``cost`` units on the store key ``stored``; the over-limit cache
+        and the metrics know it as (policy, ``key``). Shadow, kill switch and Envoy's
+        ``requests_per_unit: 0`` apply here."""
         metrics = self.metrics
+        label = spec.label or spec.name
         if not spec.enabled or spec.block:
+            if spec.block and op == "peek" and cost == 0:  # 0 hits of a limit of 0: within it
+                decision = replace(_fixed(spec, self.clock(), allowed=True), remaining=0)
+                metrics.decision(label, "allowed")
+                return Result(decision, spec.name)
             decision = _fixed(spec, self.clock(), allowed=not spec.block)
-            metrics.decision(spec.name, "disabled" if not spec.block else "rejected")
+            metrics.decision(label, "disabled" if not spec.block else "rejected")
             return Result(decision, spec.name)
         now_ms = int(self.clock() * 1000)
         cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
         if cached is not None:
-            metrics.decision(spec.name, "shadow_rejected" if spec.shadow else "local_rejected")
+            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected")
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
         call = self.limiter.hit if op == "hit" else self.limiter.peek
         decision = await call(
-            store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm, cost=cost,
-            burst=spec.burst, buckets=spec.buckets,
+            stored, spec.policy.rates, algorithm=spec.algorithm, cost=cost, burst=spec.burst,
+            buckets=spec.buckets, aligned=spec.aligned, count_rejected=spec.count_rejected,
         )  # fmt: skip
         if decision.degraded:
-            metrics.decision(spec.name, "degraded")
+            metrics.decision(label, "degraded")
             return Result(decision, spec.name)
         if decision.allowed:
-            metrics.decision(spec.name, "allowed")
+            metrics.decision(label, "allowed")
             return Result(decision, spec.name)
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)
         if spec.shadow:
-            metrics.decision(spec.name, "shadow_rejected")
+            metrics.decision(label, "shadow_rejected")
             return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
-        metrics.decision(spec.name, "rejected")
+        metrics.decision(label, "rejected")
         return Result(decision, spec.name)
-
-    async def should_rate_limit(
-        self,
-        domain: str,
-        descriptors: Sequence[EnvoyDescriptor | Sequence[tuple[str, str]]],
-        hits: int,
-    ) -> list[DescriptorResult]:
-        """Envoy's ShouldRateLimit: one answer per descriptor, in order. A descriptor is an
-        ``EnvoyDescriptor`` or just its entries."""
-        tree = self.config.domains.get(domain)
-        if tree is None:
-            raise BadRequest("domain", f"domain {domain!r} is not configured", 404)
-        out: list[DescriptorResult] = []
-        for item in descriptors:
-            d = item if isinstance(item, EnvoyDescriptor) else EnvoyDescriptor(tuple(item))
-            if d.limit is not None:
-                spec = self.limit_override(domain, *d.limit)
-            else:
-                node = None
-                level = tree
-                for k, v in d.entries:
-                    # configured keys hold no '=', so "k=v" names exactly one (key, value) pair
-                    node = None if "=" in k else level.get(f"{k}={v}") or level.get(k)
-                    if node is None:
-                        break
-                    level = node.children
-                if node is None or node.unlimited or node.policy is None:
-                    out.append(
-                        DescriptorResult(None, unlimited=node is not None and node.unlimited)
-                    )
-                    continue
-                spec = self.spec(node.policy)
-            key = self.check_key(envoy_key(domain, d.entries), "descriptors")
-            cost = hits if d.hits is None else d.hits
-            op = "hit" if cost > 0 else "peek"
-            out.append(DescriptorResult(await self._decide(op, spec, key, max(cost, 1))))
-        return out
-
-    def limit_override(self, domain: str, requests_per_unit: int, unit: int) -> PolicySpec:
-        """The fixed-window policy of an Envoy limit override (0 requests: always over)."""
-        cache_key = (domain, requests_per_unit, unit)
-        spec = self._limit_overrides.get(cache_key)
-        if spec is None:
-            rate = Rate(max(requests_per_unit, 1), float(unit))
-            spec = PolicySpec(
-                f"{domain}/override:{rate.code}",
-                make_policy((rate,), "fixed_window", None, None),
-                rate.code,
-                "fixed_window",
-                block=requests_per_unit == 0,
-            )
-            if len(self._limit_overrides) < 10_000:
-                self._limit_overrides[cache_key] = spec
-        return spec
 
 
 def _fixed(spec: PolicySpec, now: float, allowed: bool) -> Decision:

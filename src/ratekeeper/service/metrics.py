@@ -10,7 +10,8 @@ Names (all prefixed ``ratekeeper_``):
 - ``store_errors_total``: store calls that raised (with batching: calls of a batch that failed);
 - ``batch_size``: histogram of calls per batch;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
-- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded.
+- ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
+- ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``).
 
 Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
 ``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
@@ -19,7 +20,11 @@ they feed the latency and error metrics.
 
 from __future__ import annotations
 
+import math
+import re
+import struct
 import time
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,6 +34,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..algorithms import Outcome
 from ..plan import Plan
@@ -70,6 +76,7 @@ class Metrics:
             "ratekeeper_config_reloads", "Config reloads by result.", ["result"], registry=r
         )
         self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
+        self.envoy = EnvoyStats(r, 0.8, 1000)
         self._children: dict[tuple[str, str], Counter] = {}
 
     def decision(self, policy: str, outcome: str) -> None:
@@ -161,3 +168,133 @@ class InstrumentedLeases:
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         return await self.inner.count_leases_async(key, now_ms)
+
+
+_IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
+OTHER = "<other>"
+"""The ``key`` (or ``domain``) label of caller-derived stat keys past ``max_stat_keys``."""
+
+
+def sanitize(key: str) -> str:
+    """Upstream's stat name clean-up: ``:`` and ``|`` become ``_``, so do an IPv4's dots."""
+    key = key.replace(":", "_").replace("|", "_")
+    return _IPV4.sub(lambda m: m.group().replace(".", "_"), key) if "." in key else key
+
+
+class EnvoyStats:
+    """envoyproxy/ratelimit's per-limit counters as Prometheus series, labelled by ``domain``
+    and ``key`` (the stat key after the domain, e.g. ``key1_value1.subkey1``).
+
+    Per decided limit and request, by ``hits`` (upstream's rules): ``total_hits``; a hit over
+    the limit adds to ``over_limit`` (and ``over_limit_with_local_cache`` when the local cache
+    answered, ``shadow_mode`` for a shadow limit); a request that crossed the limit counts the
+    hits up to it as ``near_limit``; an admitted request adds to ``within_limit``, and to
+    ``near_limit`` for its hits past the near-limit threshold (``floor(limit x ratio)``, in
+    float32 as upstream). Keys built from caller text (``detailed_metric``, ``value_to_metric``,
+    limit overrides, unknown domains) are bounded: past ``max_keys`` distinct ones they count
+    under ``<other>``.
+
+    The counts are plain integers in a dict (this is on every decision's path: a
+    prometheus_client ``inc`` costs a lock and two calls); ``collect`` turns them into
+    counter families when Prometheus scrapes.
+    """
+
+    STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode",
+             "over_limit_with_local_cache")  # fmt: skip
+
+    def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
+        self.configure(near_limit_ratio, max_keys)
+        self._counts: dict[tuple[str, str], list[int]] = {}
+        self._labels: dict[tuple[str, str], tuple[str, str]] = {}
+        self._dynamic: set[tuple[str, str]] = set()
+        self._not_found: dict[str, int] = {}
+        self.global_shadow_mode = 0
+        registry.register(self)  # a collector: it has collect()
+
+    def configure(self, near_limit_ratio: float, max_keys: int) -> None:
+        """Apply (re)loaded settings."""
+        self.ratio = _f32(near_limit_ratio)
+        self.max_keys = max_keys
+        self._near: dict[int, int] = {}
+
+    def counts(self, domain: str, key: str, dynamic: bool) -> list[int]:
+        """The six counts of a stat key (``domain.rest``), in ``STATS`` order."""
+        found = self._counts.get((domain, key))
+        if found is None:
+            if dynamic and (domain, key) not in self._dynamic:
+                if len(self._dynamic) >= self.max_keys:
+                    return self.counts(domain, domain + "." + OTHER, False)
+                self._dynamic.add((domain, key))
+            rest = sanitize(key[len(domain) + 1 :]) if key.startswith(domain + ".") else key
+            found = [0, 0, 0, 0, 0, 0]
+            self._counts[(domain, key)] = found
+            self._labels[(domain, key)] = (domain, rest)
+        return found
+
+    def count(
+        self, domain: str, key: str, dynamic: bool, hits: int, limit: int, remaining: int,
+        over: bool, local: bool, shadow: bool,
+    ) -> None:  # fmt: skip
+        """Count one decided limit: ``remaining`` is what the decision found (when ``over``)
+        or left (when admitted)."""
+        c = self._counts.get((domain, key)) or self.counts(domain, key, dynamic)
+        c[0] += hits
+        near = self._near.get(limit)
+        if near is None:
+            near = self._near[limit] = self.threshold(limit)
+        if not over:
+            after = limit - remaining
+            if after > near:
+                before = after - hits
+                c[2] += hits if before >= near else after - near
+            c[3] += hits
+        elif local:
+            c[1] += hits
+            c[5] += hits
+            if shadow:
+                c[4] += hits
+        else:
+            crossed = remaining > 0  # the request found room, and asked for more
+            excess = hits - remaining if crossed else hits
+            c[1] += excess
+            if crossed:
+                before = limit - remaining
+                c[2] += limit - (near if near > before else before)
+            if shadow:
+                c[4] += excess
+
+    def threshold(self, limit: int) -> int:
+        """Upstream's near-limit threshold: ``floor(float32(limit) * ratio)`` in float32."""
+        return math.floor(_f32(_f32(limit) * self.ratio))
+
+    def not_found(self, domain: str) -> None:
+        if domain not in self._not_found and len(self._not_found) >= self.max_keys:
+            domain = OTHER
+        self._not_found[domain] = self._not_found.get(domain, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        """The counter families (``ratekeeper_envoy_<stat>_total``) for a scrape."""
+        for i, stat in enumerate(self.STATS):
+            family = CounterMetricFamily(
+                f"ratekeeper_envoy_{stat}", f"envoyproxy/ratelimit's {stat} per limit.",
+                labels=["domain", "key"],
+            )  # fmt: skip
+            for k, values in self._counts.items():
+                family.add_metric(self._labels[k], values[i])
+            yield family
+        missing = CounterMetricFamily(
+            "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
+            labels=["domain"],
+        )  # fmt: skip
+        for domain, n in self._not_found.items():
+            missing.add_metric([domain], n)
+        yield missing
+        yield CounterMetricFamily(
+            "ratekeeper_envoy_global_shadow_mode",
+            "Requests answered OK by the global shadow mode although over the limit.",
+            value=self.global_shadow_mode,
+        )
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])

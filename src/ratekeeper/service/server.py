@@ -4,7 +4,9 @@ and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/ad
 A reload reads the config files again; if they are invalid the running config stays, the
 error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
 keeps the store (its counters) but not a change of store: that needs a restart, and a reload
-that asks for one is refused as an error.
+that asks for one is refused as an error. A directory given as ``--config`` is watched, as
+envoyproxy/ratelimit's runtime directory is: a file written, created or removed in it (or the
+directory's symlink swapped) reloads within ``watch_interval`` seconds (``watch.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -36,6 +39,7 @@ from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
 from .engine import Engine
+from .envoy import Envoy
 from .grpc_rls import handler
 from .http import HttpApi
 from .metrics import (
@@ -45,6 +49,7 @@ from .metrics import (
     InstrumentedStore,
     Metrics,
 )
+from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
 HEALTH_KEY = "ratekeeper:healthz"
@@ -60,6 +65,10 @@ class ServeOptions:
     port: int = 8080
     grpc_port: int | None = 8081
     """None: no gRPC listener."""
+    dotfiles: bool = False
+    """Read dot files in config directories too (envoyproxy/ratelimit's default)."""
+    watch_interval: float = 1.0
+    """Seconds between looks at config directories for changes (0: do not watch)."""
 
 
 def build_store(
@@ -100,14 +109,19 @@ class Service:
 
     def __init__(self, options: ServeOptions, clock: Clock = time.time) -> None:
         self.options = options
-        self.config = config_mod.load(options.config_files)
+        self.config = config_mod.load(options.config_files, dotfiles=options.dotfiles)
+        _warn(self.config)
         self.metrics = Metrics()
         self.metrics.policies.set(len(self.config.policies))
+        self.metrics.envoy.configure(
+            self.config.envoy.near_limit_ratio, self.config.envoy.max_stat_keys
+        )
         self.store, self.leases = build_store(self.config.store, self.metrics)
         limiter = AsyncLimiter(self.store, clock=clock)
         # capacity and lease TTL come with each acquire, from the concurrency policy
         leases = AsyncConcurrencyLimiter(self.leases, capacity=1, clock=clock)
         self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
+        self.envoy = Envoy(self.engine, self.metrics.envoy)
         self.api = HttpApi(self.engine, self.reload, self.health)
         self._reload_lock = asyncio.Lock()
 
@@ -115,7 +129,7 @@ class Service:
         """Re-read the config files; on error keep the running config and return why."""
         async with self._reload_lock:
             try:
-                new = config_mod.load(self.options.config_files)
+                new = config_mod.load(self.options.config_files, dotfiles=self.options.dotfiles)
                 if new.store != self.config.store:
                     raise ConfigError("the store changed; a new store needs a restart")
             except ConfigError as exc:
@@ -124,6 +138,8 @@ class Service:
                 return str(exc)
             self.config = new
             self.engine.swap(new)
+            self.metrics.envoy.configure(new.envoy.near_limit_ratio, new.envoy.max_stat_keys)
+            _warn(new)
             self.metrics.reloads.labels("ok").inc()
             self.metrics.policies.set(len(new.policies))
             log.warning("config reloaded from %s", ", ".join(new.files))
@@ -154,7 +170,7 @@ class Service:
         if opts.grpc_port is not None:
             # no SO_REUSEPORT: a second service on the same port must fail, not share it
             grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
-            grpc_server.add_generic_rpc_handlers((handler(self.engine),))
+            grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
                 grpc_port = grpc_server.add_insecure_port(where)
@@ -179,6 +195,11 @@ class Service:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
         task = asyncio.create_task(server.serve(sockets=[sock]))
+        watcher = None
+        if opts.watch_interval > 0 and any(os.path.isdir(p) for p in opts.config_files):
+            watcher = asyncio.create_task(
+                watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
+            )
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -193,8 +214,15 @@ class Service:
         try:
             await task
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+
+
+def _warn(config: config_mod.ServiceConfig) -> None:
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
 
 
 def _listen(host: str, port: int) -> socket.socket:

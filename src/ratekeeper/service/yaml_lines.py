@@ -4,6 +4,9 @@
 ``lines[key]``) and whose lists are ``Seq`` (a list with ``line`` and ``lines[i]``), so that
 validation can say "file:line: problem". Keys are always the plain text written (``off`` and
 ``404`` stay strings), and a key written twice is a ``Problem`` rather than a silent overwrite.
+
+``parse`` reads one document; ``need_map``, ``need_seq``, ``need_int``, ``need_bool`` and
+``no_unknown`` check a field and raise a ``Problem`` naming it and what is expected.
 """
 
 from __future__ import annotations
@@ -66,3 +69,58 @@ class Problem(Exception):
         super().__init__(message)
         self.line = line
         self.message = message
+
+
+def parse(text: str) -> Any:
+    """One YAML document as ``Map``/``Seq``/scalars, or a ``Problem`` at the line at fault."""
+    try:
+        return yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
+    except Problem:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise Problem(line, f"invalid YAML: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise Problem(1, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise Problem(1, "invalid YAML: lists or mappings nest too deeply") from None
+    except ValueError as exc:  # e.g. an integer of over 4300 digits
+        raise Problem(1, f"invalid YAML: {str(exc)[:200]}") from None
+
+
+def no_unknown(body: Map, allowed: set[str] | frozenset[str], where: str) -> None:
+    """Refuse a key of ``body`` that is not in ``allowed``."""
+    for key in body:
+        if key not in allowed:
+            raise Problem(
+                body.lines[key],
+                f"unknown key {key!r} in {where}; expected one of {', '.join(sorted(allowed))}",
+            )
+
+
+def need_map(value: Any, line: int, what: str) -> Map:
+    """``value`` if it is a mapping."""
+    if not isinstance(value, Map):
+        raise Problem(line, f"{what} must be a mapping, not {type(value).__name__}")
+    return value
+
+
+def need_seq(value: Any, line: int, what: str) -> Seq:
+    """``value`` if it is a list."""
+    if not isinstance(value, Seq):
+        raise Problem(line, f"{what} must be a list, not {type(value).__name__}")
+    return value
+
+
+def need_int(value: Any, line: int, what: str, low: int, high: int) -> int:
+    """``value`` if it is a whole number from ``low`` to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise Problem(line, f"{what} {value!r} must be a whole number from {low} to {high:_}")
+    return value
+
+
+def need_bool(value: Any, line: int, what: str) -> bool:
+    """``value`` if it is true or false."""
+    if not isinstance(value, bool):
+        raise Problem(line, f"{what} {value!r} must be true or false")
+    return value

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..algorithms import Algorithm, Limit, Outcome
+from ..algorithms.base import COUNT_REJECTED
 from ..plan import Plan, run_stack
 from .leases import MemoryLeases
 
@@ -83,7 +84,8 @@ class MemoryStore:
                 else:
                     state = entry[1]
             outcome, new = algorithm.step(state, limit, now, cost, True)
-            if outcome[0]:  # _write, inlined (the hot path)
+            # _write, inlined (the hot path); a count_rejected rejection is charged too
+            if outcome[0] or limit.flags & COUNT_REJECTED:
                 data[k] = (outcome[2], new)  # reset_ms: expires_ms(new), see algorithms/base
                 if entry is None:
                     self._grew(now)

@@ -21,9 +21,9 @@ The wire contract shared by every script (each script's header repeats it):
 in the compact layout, rate i's hash of the caller key's bucket (``stores.layout``);
 ``ARGV`` is ``op`` (``hit``/``peek``/``refund``), ``now_ms``, ``cost``, then three integers per
 rate: ``count``, ``period_ms`` and ``extra`` (``burst`` for token_bucket and gcra, ``buckets``
-for sliding_window, 0 otherwise), then, in the compact layout only, the caller key's field.
-``hit``/``peek`` reply four integers per rate: allowed (1/0), remaining, reset_ms and retry_ms
-(-1 for never); ``refund`` replies an empty array.
+for sliding_window, the option bits ``Limit.flags`` otherwise), then, in the compact layout
+only, the caller key's field. ``hit``/``peek`` reply four integers per rate: allowed (1/0),
+remaining, reset_ms and retry_ms (-1 for never); ``refund`` replies an empty array.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def policy_args(policy: Policy) -> tuple[int, ...]:
         elif name in ("token_bucket", "gcra"):
             extra = limit.capacity
         else:
-            extra = 0
+            extra = limit.flags  # fixed_window's option bits; 0 for the others
         out += (limit.count, limit.period_ms, extra)
     return tuple(out)
 

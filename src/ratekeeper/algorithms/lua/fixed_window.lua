@@ -4,7 +4,9 @@
 --          written only through the layout's load/save/add (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
 -- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
---          then per rate i: count, period_ms, extra (unused: 0).
+--          then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
+--          now - now % period), 2 count_rejected (a rejected hit is charged too; the stack's
+--          rates share the options, so ARGV[6] tells for all).
 -- Value    one decimal: "<count><end_ms as 13 digits>" (count left out when 0), which Redis
 --          stores as an integer when it fits in 64 bits; "<count>:<end_ms>" when end_ms is
 --          outside 0..10**13-1. Times are epoch ms from the caller's clock (never Redis TIME).
@@ -16,6 +18,9 @@
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local flags = tonumber(ARGV[6])
+local aligned, count_rejected = flags % 2 == 1, flags >= 2
+local MAX_COUNT = 1e15 -- a count_rejected counter stops growing here (fixed_window.MAX_COUNT)
 
 -- "<count><13-digit end>" as a number below 10**15 (< 2**53, exact) -> count, end: the
 -- division is corrected for the rounding of v / 1e13
@@ -43,7 +48,12 @@ if op == 'hit' and #KEYS == 1 then
       if ends > now then
         local count = tonumber(ARGV[4])
         if used + cost > count then
-          return {0, math.max(0, count - used), ends, (cost <= count) and (ends - now) or -1}
+          if count_rejected and used + cost < 922336 then
+            add(1, cost .. '0000000000000')
+          end
+          if not count_rejected or used + cost < 922336 then
+            return {0, math.max(0, count - used), ends, (cost <= count) and (ends - now) or -1}
+          end
         end
         if used + cost < 922336 then
           add(1, cost .. '0000000000000')
@@ -100,6 +110,9 @@ end
 -- the value stays an integer in place and keeps the TTL set when the window opened
 local function change(i, raw, used, delta, ends)
   local n = #raw
+  if delta == 0 then -- a count_rejected counter at MAX_COUNT: nothing to write
+    return
+  end
   if n > 13 and used + delta < 922336 and (n <= 15 or not string.find(raw, ':', 1, true)) then
     writes[i] = {'add', delta .. '0000000000000'}
   else
@@ -118,16 +131,18 @@ for i = 1, #KEYS do
   else
     local live = used and ends > now
     if not live then
-      used, ends = 0, now + period
+      used, ends = 0, (aligned and (now - now % period) or now) + period
     end
     local allowed = used + cost <= count
-    if allowed and op == 'hit' then
+    local left = math.max(0, count - used) -- what a rejection reports: what it found
+    if op == 'hit' and (allowed or count_rejected) then
+      local after = math.min(used + cost, MAX_COUNT)
       if live then
-        change(i, raw, used, cost, ends)
+        change(i, raw, used, after - used, ends)
       else
-        writes[i] = {'save', encode(cost, ends), ttl(ends)}
+        writes[i] = {'save', encode(after, ends), ttl(ends)}
       end
-      used = used + cost
+      used = after
     end
     local retry = 0
     if not allowed then
@@ -136,13 +151,13 @@ for i = 1, #KEYS do
     end
     local n = #reply
     reply[n + 1] = allowed and 1 or 0
-    reply[n + 2] = math.max(0, count - used)
+    reply[n + 2] = allowed and math.max(0, count - used) or left
     reply[n + 3] = ends
     reply[n + 4] = retry
   end
 end
 
-if op == 'refund' or (op == 'hit' and all_allowed) then
+if op == 'refund' or (op == 'hit' and (all_allowed or count_rejected)) then
   for i = 1, #KEYS do
     local w = writes[i]
     if w then
