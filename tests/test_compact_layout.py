@@ -49,8 +49,8 @@ def test_compact_decides_exactly_like_the_default_layout(
     kind: str, algorithm: str, request: pytest.FixtureRequest, data: st.DataObject
 ) -> None:
     """Random traffic (keys with braces, unicode, 300 characters; stacks; options, Envoy's
-    fixed-window counting included; refunds, resets, peeks; clock jumps) on both layouts; two buckets, so callers share hashes and new fields
-    sweep each other's."""
+    fixed-window counting included; refunds, resets, peeks; clock jumps) on both layouts; two
+    buckets, so callers share hashes and new fields sweep each other's."""
     rate, options, start, sequence = data.draw(scenarios(algorithm))
     prefix = f"c{os.urandom(6).hex()}"  # fresh keys without a flush (not drawn: replays differ)
     clock = ManualClock(start)
