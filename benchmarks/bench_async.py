@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import re
 import shutil
@@ -203,17 +204,9 @@ def serve(variant: str, redis_url: str, port: int) -> None:
         store = RedisStore(redis_url, socket_timeout=2, **options)
         check = RateCheck("api", RATE, key=keys.header("x-api-key"))
         app = RateLimitMiddleware(empty, [check], store=store)
-    loop = "uvloop" if _has("uvloop") else "asyncio"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     uvicorn.run(app, host="127.0.0.1", port=port, loop=loop, http="httptools",
                 log_level="warning", access_log=False, lifespan="off")  # fmt: skip
-
-
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
 
 
 WRK_SCRIPT = """

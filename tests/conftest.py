@@ -198,6 +198,20 @@ def _backend(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
         client.close()
 
 
+def redis_store(kind: str, request: pytest.FixtureRequest, **options: Any) -> Any:
+    """A ``RedisStore``, ``ShardedRedisStore`` (two primaries) or ``RedisClusterStore`` on the
+    session's servers, built with ``options`` (5 s timeout unless given)."""
+    from ratekeeper import RedisClusterStore, RedisStore, Shard, ShardedRedisStore
+
+    options.setdefault("socket_timeout", 5)
+    if kind == "redis":
+        return RedisStore(request.getfixturevalue("redis_url"), **options)
+    if kind == "sharded":
+        shards = [Shard(u) for u in request.getfixturevalue("shard_urls")]
+        return ShardedRedisStore(shards, **options)
+    return RedisClusterStore(request.getfixturevalue("cluster_url"), **options)
+
+
 @pytest.fixture(params=STORES)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """Every store: memory, Redis, sharded Redis, Redis Cluster (Redis ones flushed first)."""

@@ -26,11 +26,10 @@ from ratekeeper import (
     Lease,
     ManualClock,
     RedisClusterStore,
-    RedisStore,
-    Shard,
     ShardedRedisStore,
 )
 from ratekeeper.stores.batching import Batching
+from tests.conftest import redis_store
 
 KEYS = ["a", "b", "user:42", "ключ {x}", "#h"]
 RATES = ["3/second", "5/10s", "7/minute", "3/second; 10/minute"]
@@ -55,15 +54,7 @@ rounds = st.lists(
 
 
 def make(kind: str, request: pytest.FixtureRequest, prefix: str, batched: bool) -> Any:
-    batching = Batching() if batched else None
-    if kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        return RedisStore(url, prefix=prefix, socket_timeout=5, batching=batching)
-    if kind == "sharded":
-        shards = [Shard(u) for u in request.getfixturevalue("shard_urls")]
-        return ShardedRedisStore(shards, prefix=prefix, socket_timeout=5, batching=batching)
-    url = request.getfixturevalue("cluster_url")
-    return RedisClusterStore(url, prefix=prefix, socket_timeout=5, batching=batching)
+    return redis_store(kind, request, prefix=prefix, batching=Batching() if batched else None)
 
 
 def batch_counts(store: Any) -> tuple[int, int, int]:

@@ -16,7 +16,6 @@ from ratekeeper import (
     AsyncLimiter,
     Limiter,
     ManualClock,
-    RedisClusterStore,
     RedisStore,
     Shard,
     ShardedRedisStore,
@@ -24,17 +23,12 @@ from ratekeeper import (
 from ratekeeper.errors import ConfigError
 from ratekeeper.stores.layout import CompactLayout, bucket_tag, compact_field
 from tests import redis_servers as rs
+from tests.conftest import redis_store
 from tests.test_redis_parity import ALGORITHMS, scenarios
 
 
 def make(kind: str, request: pytest.FixtureRequest, prefix: str, layout: Any) -> Any:
-    options: dict[str, Any] = {"prefix": prefix, "socket_timeout": 5, "layout": layout}
-    if kind == "redis":
-        return RedisStore(request.getfixturevalue("redis_url"), **options)
-    if kind == "sharded":
-        shards = [Shard(u) for u in request.getfixturevalue("shard_urls")]
-        return ShardedRedisStore(shards, **options)
-    return RedisClusterStore(request.getfixturevalue("cluster_url"), **options)
+    return redis_store(kind, request, prefix=prefix, layout=layout)
 
 
 @pytest.mark.parametrize("kind", ["redis", "sharded", "cluster"])
@@ -183,3 +177,23 @@ def test_bad_buckets_name_the_value(buckets: Any) -> None:
 def test_a_bad_layout_names_the_value() -> None:
     with pytest.raises(ConfigError, match="layout='compact'"):
         RedisStore("redis://127.0.0.1:1", layout="compact")  # type: ignore[arg-type]
+
+
+def test_the_hash_ttl_is_rewritten_only_when_a_save_outruns_it(redis_url: str) -> None:
+    """A save the hash's TTL already covers rewrites no TTL; one beyond it raises the TTL to
+    cover it, with room to spare."""
+    client = redis.Redis.from_url(redis_url)
+    clock = ManualClock(1_800_000_000.0)
+    limiter = Limiter(
+        RedisStore(redis_url, layout=CompactLayout(buckets=1), socket_timeout=5), clock=clock
+    )
+    client.config_resetstat()
+    for i in range(200):  # gcra 1000/hour: each hit's state matters 3.6 s more
+        limiter.hit(f"k{i % 20}", "1000/hour", algorithm="gcra")
+    before = client.info("commandstats")["cmdstat_pexpire"]["calls"]
+    assert before <= 3  # 200 saves: a TTL command only when the states outgrew the cover
+    (name,) = list(client.scan_iter(match="rk*"))
+    clock.advance(3600)  # past the cover: the next save must raise the TTL
+    limiter.hit("k0", "1000/hour", algorithm="gcra", cost=900)
+    assert client.info("commandstats")["cmdstat_pexpire"]["calls"] == before + 1
+    assert client.pttl(name) > 900 * 3600  # covers the 900 units' 54 minutes
