@@ -1,11 +1,24 @@
-"""The circuit breaker's states, timed by the caller's clock (no store, no sleeping)."""
+"""The circuit breaker's states, timed by the caller's clock (no store, no sleeping), and
+every limiter timing it by its monotonic clock, apart from the rate clock."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from ratekeeper import ConfigError
+from ratekeeper import (
+    AsyncConcurrencyLimiter,
+    AsyncLimiter,
+    ConcurrencyLimiter,
+    ConfigError,
+    Limiter,
+    ManualClock,
+    MemoryStore,
+)
 from ratekeeper.breaker import Breaker
+from ratekeeper.errors import StoreUnavailable
 
 
 def test_opens_after_threshold_failures_in_a_row() -> None:
@@ -75,3 +88,80 @@ def test_bad_settings_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=bad):
         Breaker(threshold, cooldown, max_cooldown)
+
+
+class Outage:
+    """A memory store behind a switch: every call fails while ``down`` (an outage injected in
+    front of a real store, for the breaker's timing only)."""
+
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
+        self.down = True
+        self.calls = 0
+
+    def _gate(self) -> MemoryStore:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable("injected outage")
+        return self.memory
+
+    def execute(self, plan: Any) -> Any:
+        return self._gate().execute(plan)
+
+    async def execute_async(self, plan: Any) -> Any:
+        return self._gate().execute(plan)
+
+    def acquire_lease(self, *args: Any) -> tuple[bool, int]:
+        return self._gate().acquire_lease(*args)
+
+    def release_lease(self, *args: Any) -> bool:
+        return self._gate().release_lease(*args)
+
+    def count_leases(self, *args: Any) -> int:
+        return self._gate().count_leases(*args)
+
+    async def acquire_lease_async(self, *args: Any) -> tuple[bool, int]:
+        return self.acquire_lease(*args)
+
+    async def release_lease_async(self, *args: Any) -> bool:
+        return self.release_lease(*args)
+
+    async def count_leases_async(self, *args: Any) -> int:
+        return self.count_leases(*args)
+
+
+def test_cool_downs_run_on_the_monotonic_clock_not_the_rate_clock() -> None:
+    """A rate clock that never moves (a ManualClock, a replay) must not keep the breaker open:
+    the store is back, the monotonic clock passes the cool-down, decisions recover."""
+    rate_clock, monotonic = ManualClock(), ManualClock(start=100.0)
+    store = Outage()
+    limiter = Limiter(store, clock=rate_clock, monotonic=monotonic)
+    leases = ConcurrencyLimiter(store, 5, clock=rate_clock, monotonic=monotonic)
+    aleases = AsyncConcurrencyLimiter(store, 5, clock=rate_clock, monotonic=monotonic)
+    alimiter = AsyncLimiter(store, clock=rate_clock, monotonic=monotonic)
+    for _ in range(3):
+        assert limiter.hit("k", "5/minute").degraded
+        assert leases.acquire("k").degraded  # type: ignore[union-attr]  # fail open: a lease
+        assert asyncio.run(alimiter.hit("k", "5/minute")).degraded
+        assert asyncio.run(aleases.acquire("k")).degraded  # type: ignore[union-attr]
+    assert limiter.stats()["breaker"] == leases.stats()["breaker"] == "open"
+    store.down = False
+    monotonic.advance(0.6)  # past the 0.5 s cool-down; the rate clock has not moved at all
+    assert not limiter.hit("k", "5/minute").degraded
+    assert not asyncio.run(alimiter.hit("k", "5/minute")).degraded
+    assert not leases.acquire("k").degraded  # type: ignore[union-attr]
+    assert not asyncio.run(aleases.acquire("k")).degraded  # type: ignore[union-attr]
+    for stats in (limiter.stats(), alimiter.stats(), leases.stats(), aleases.stats()):
+        assert stats["breaker"] == "closed"
+
+
+def test_a_rate_clock_far_ahead_does_not_skip_the_cool_down() -> None:
+    rate_clock, monotonic = ManualClock(), ManualClock(start=100.0)
+    store = Outage()
+    limiter = Limiter(store, clock=rate_clock, monotonic=monotonic)
+    for _ in range(3):
+        limiter.hit("k", "5/minute")
+    calls = store.calls
+    rate_clock.advance(3600)  # an NTP step or a replay jumping ahead: still inside cool-down
+    assert limiter.hit("k", "5/minute").degraded
+    assert store.calls == calls  # skipped by the open breaker

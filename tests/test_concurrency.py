@@ -221,7 +221,7 @@ def test_memory_sweep_drops_leases_never_released() -> None:
 def test_breaker_stops_calling_a_hung_store(fresh_redis: rs.RedisServer) -> None:
     client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.2)
     clock = ManualClock()
-    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock)
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=5, clock=clock, monotonic=clock)
     held = limiter.acquire("k")
     assert held is not None and not held.degraded
     fresh_redis.pause()
@@ -316,7 +316,7 @@ def test_concurrent_failures_do_not_jump_the_cool_down(fresh_redis: rs.RedisServ
     """Ten acquires in flight when Redis hangs all fail; the breaker opens once for 0.5 s."""
     client = redis.Redis.from_url(fresh_redis.url, socket_timeout=0.3)
     clock = ManualClock()
-    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock)
+    limiter = ConcurrencyLimiter(RedisLeases(client), capacity=50, clock=clock, monotonic=clock)
     assert limiter.acquire("warm") is not None  # connections are made before the pause
     barrier = threading.Barrier(10)
 
@@ -361,3 +361,52 @@ def test_acquire_counted_and_a_per_lease_ttl(store: LeaseStore) -> None:
     assert third is not None and count == 2
     with pytest.raises(ConfigError, match="lease_ttl=-1"):
         limiter.acquire("a", lease_ttl=-1)
+
+
+def test_releasing_after_the_lease_ttl_answers_false(store: LeaseStore) -> None:
+    """A lease past its TTL had stopped counting (its slot may be someone else's): releasing
+    it removes it and answers False, on every store, sync and async alike."""
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=1, lease_ttl=10, clock=clock)
+    late = limiter.acquire("late")
+    on_time = limiter.acquire("on-time")
+    assert late is not None and on_time is not None
+    clock.advance(9.999)
+    assert limiter.release(on_time) is True
+    clock.advance(0.001)  # t=10: the lease expired at its TTL
+    assert limiter.release(late) is False
+    assert limiter.in_use("late") == 0
+
+
+def test_async_release_after_the_lease_ttl_answers_false(redis_url: str) -> None:
+    async def main() -> tuple[bool, bool]:
+        for store in (MemoryStore(), RedisStore(redis_url, socket_timeout=2.0)):
+            clock = ManualClock()
+            limiter = AsyncConcurrencyLimiter(store, capacity=1, lease_ttl=5, clock=clock)
+            lease = await limiter.acquire("k")
+            clock.advance(5)
+            released = await limiter.release(lease)
+            if isinstance(store, RedisStore):
+                await store.aclose()
+            yield_ = (released, await limiter.in_use("k") == 0)
+            assert yield_ == (False, True), type(store).__name__
+        return yield_
+
+    assert asyncio.run(main()) == (False, True)
+
+
+def test_memory_leases_never_released_are_reclaimed_without_a_sweep_call() -> None:
+    """Crashed callers leave leases on keys nobody touches again: they are dropped as new keys
+    arrive, and ``max_keys`` bounds the keys holding leases too."""
+    store = MemoryStore(max_keys=1000)
+    clock = ManualClock()
+    limiter = ConcurrencyLimiter(store, capacity=1, lease_ttl=60, clock=clock)
+    for i in range(20_000):  # distinct keys, never released
+        assert limiter.acquire(f"crashed-{i}") is not None
+    assert len(store.leases) <= 1000  # the bound holds while they are live
+    clock.advance(3600)  # an hour later every one of them has expired
+    for i in range(5_000):
+        lease = limiter.acquire(f"later-{i}")
+        limiter.release(lease)
+    assert len(store.leases) < 100  # the expired ones were swept as keys came and went
+    assert store.sweep(clock()) <= 100

@@ -2,7 +2,9 @@
 
 The IETF fields follow draft-ietf-httpapi-ratelimit-headers: a structured-field List whose items
 are Strings (the policy name) with integer parameters, ``q`` (quota) and ``w`` (window seconds)
-in ``RateLimit-Policy``, ``r`` (remaining) and ``t`` (seconds to reset) in ``RateLimit``.
+in ``RateLimit-Policy``, ``r`` (remaining) and ``t`` in ``RateLimit``: on a rejection that can
+succeed ``t`` equals ``Retry-After``, otherwise it is the seconds to the deciding rate's reset.
+Every value is also parsed by ``http_sfv`` (an RFC 8941 parser), not only by our regexes.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import math
 import re
 
+import http_sfv
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratekeeper import Decision, Rate
+from ratekeeper import Decision, Limiter, ManualClock, Rate
 from tests.harness import NAMES, T0, make_limiter, small_rates, timelines
 
 SF_STRING = r'"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"'
@@ -128,10 +132,79 @@ def test_headers_agree_with_the_decision(data: st.DataObject) -> None:
         r, t = _params(h["RateLimit"])["r"], _params(h["RateLimit"])["t"]
         assert r == d.remaining == int(h["X-RateLimit-Remaining"]) >= 0
         assert int(h["X-RateLimit-Used"]) == d.limit - d.remaining
-        assert t == max(0, math.ceil(d.reset_at - d.now - 1e-9))
         assert int(h["X-RateLimit-Reset"]) >= d.reset_at > int(h["X-RateLimit-Reset"]) - 1
         if d.allowed or math.isinf(d.retry_after):
             assert "Retry-After" not in h
+            assert t == max(0, math.ceil(d.reset_at - d.now - 1e-9))
         else:
             retry = int(h["Retry-After"])
             assert retry >= d.retry_after > retry - 1
+            assert t == retry
+        _sf_parse(h)
+
+
+def _sf_parse(headers: dict[str, str]) -> None:
+    """Both IETF fields parse as RFC 8941 Lists (http_sfv raises on anything else)."""
+    for name in ("RateLimit", "RateLimit-Policy"):
+        http_sfv.List().parse(headers[name].encode("ascii"))
+
+
+@pytest.mark.parametrize("algorithm", NAMES)
+def test_t_equals_retry_after_when_nothing_is_left(algorithm: str) -> None:
+    # 2 per 2 s: the refilling algorithms have one unit back after 1 s and all after 2 s, so a
+    # t meaning "full reset" pointed later than Retry-After (t=2, Retry-After: 1)
+    clock = ManualClock(start=T0)
+    limiter = Limiter(clock=clock)
+    rate = Rate(2, 2.0)
+    for _ in range(2):
+        assert limiter.hit("k", rate, algorithm=algorithm).allowed
+    clock.advance(0.25)
+    d = limiter.hit("k", rate, algorithm=algorithm)
+    assert not d.allowed and d.remaining == 0
+    h = d.headers()
+    assert _params(h["RateLimit"])["t"] == int(h["Retry-After"]) >= d.retry_after
+
+
+@pytest.mark.parametrize("algorithm", NAMES)
+def test_t_equals_retry_after_when_the_cost_exceeds_what_is_left(algorithm: str) -> None:
+    clock = ManualClock(start=T0)
+    limiter = Limiter(clock=clock)
+    rate = Rate(4, 4.0)
+    assert limiter.hit("k", rate, algorithm=algorithm).allowed
+    d = limiter.hit("k", rate, algorithm=algorithm, cost=4)
+    assert not d.allowed and d.remaining == 3
+    h = d.headers()
+    assert _params(h["RateLimit"])["t"] == int(h["Retry-After"])
+    _sf_parse(h)
+
+
+@pytest.mark.parametrize(
+    ("name", "sent"),
+    [
+        ("café", '"caf%C3%A9"'),
+        ("edge/city=東京", '"edge/city=%E6%9D%B1%E4%BA%AC"'),
+        ("100%", '"100%25"'),  # % itself is escaped, so the mapping is injective
+        ("tab\there", '"tab%09here"'),
+        ('say "hi" \\ ok', r'"say \"hi\" \\ ok"'),
+    ],
+)
+def test_names_outside_printable_ascii_are_percent_encoded(name: str, sent: str) -> None:
+    limiter, _ = make_limiter()
+    h = limiter.hit("k", "5/minute").headers(policy=name)
+    assert h["RateLimit"].startswith(sent + ";")
+    assert h["RateLimit-Policy"].startswith(sent + ";")
+    for value in h.values():
+        assert value.isascii() and value.isprintable()
+    _sf_parse(h)
+    parsed = http_sfv.List()
+    parsed.parse(h["RateLimit"].encode("ascii"))
+    assert parsed[0].value == sent[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_any_name_gives_valid_structured_fields(name: str) -> None:
+    limiter, _ = make_limiter()
+    h = limiter.hit("k", "1/second; 5/minute").headers(policy=name)
+    for value in h.values():
+        assert value.isascii() and value.isprintable()
+    _sf_parse(h)

@@ -33,6 +33,18 @@ ACCEPTED = r"expected a rate like '100/minute'"
         ("100/5 minutes", 100, 300.0),
         ("20/2h", 20, 7200.0),
         ("1/1d", 1, 86400.0),
+        ("1000/week", 1000, 604_800.0),
+        ("1000/weeks", 1000, 604_800.0),
+        ("1000/wk", 1000, 604_800.0),
+        ("1000/2w", 1000, 1_209_600.0),
+        ("100/month", 100, 2_592_000.0),
+        ("100/months", 100, 2_592_000.0),
+        ("100/mo", 100, 2_592_000.0),
+        ("100/3 months", 100, 7_776_000.0),
+        ("5/year", 5, 31_536_000.0),
+        ("5/yr", 5, 31_536_000.0),
+        ("5/y", 5, 31_536_000.0),
+        ("5/10years", 5, 315_360_000.0),
         ("100 per minute", 100, 60.0),
         ("  7 / Minute ", 7, 60.0),
         ("3/MIN", 3, 60.0),
@@ -64,6 +76,8 @@ def test_a_stack_is_a_tuple_in_order() -> None:
         ("100/minute;", r"'100/minute;' has an empty part between separators; " + ACCEPTED),
         ("1/minute; 1/minute", r"names the same rate twice"),
         ("1/3651d", r"period 315446400.0 s is too long; expected at most 3650 days"),
+        ("1/11y", r"period 346896000.0 s is too long; expected at most 3650 days"),
+        ("100/fortnights", r"unit 'fortnights' .*w, wk, week\(s\), mo, month\(s\) of 30 days"),
         ("1000000000001/second", r"count 1000000000001 is out of range; expected 1 to"),
     ],
 )
@@ -98,6 +112,10 @@ def test_code_and_str() -> None:
     assert Rate(7, 1.5).code == "7/1500ms"
     assert str(Rate(100, 60.0)) == "100/minute"
     assert str(Rate(100, 30.0)) == "100/30s"
+    month, week, year = Rate.parse("100/month; 10/week; 1000/year")
+    assert (str(month), str(week), str(year)) == ("100/month", "10/week", "1000/year")
+    # a month is 30 days: the same rate, and so the same store keys, as "100/30d"
+    assert month.code == "100/30d" and Rate.parse("100/30d") == (month,)
 
 
 def test_to_rates_accepts_a_rate_or_a_sequence_and_refuses_the_rest() -> None:
@@ -112,7 +130,11 @@ def test_to_rates_accepts_a_rate_or_a_sequence_and_refuses_the_rest() -> None:
         Rate.parse(5)  # type: ignore[arg-type]  # bad on purpose
 
 
-@given(st.integers(1, 10**6), st.integers(1, 500), st.sampled_from(["s", "m", "h", "d"]))
+@given(
+    st.integers(1, 10**6),
+    st.integers(1, 9),
+    st.sampled_from(["s", "m", "h", "d", "w", "mo", "y", "week", "month", "year"]),
+)
 def test_str_and_code_parse_back_to_the_same_rate(count: int, mult: int, unit: str) -> None:
     (rate,) = Rate.parse(f"{count}/{mult}{unit}")
     assert Rate.parse(str(rate)) == (rate,)

@@ -42,7 +42,7 @@ def test_killed_primary_fails_open_breaks_and_recovers(
     fresh_redis: rs.RedisServer, kind: str
 ) -> None:
     clock = ManualClock()
-    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock)
+    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock, monotonic=clock)
     assert not limiter.hit("k", "10/minute").degraded
     fresh_redis.kill()
 
@@ -72,7 +72,7 @@ def test_killed_primary_fails_open_breaks_and_recovers(
 
 def test_fail_closed_raises_store_unavailable(fresh_redis: rs.RedisServer, kind: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock, fail_open=False)
+    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock, fail_open=False, monotonic=clock)
     limiter.hit("k", "10/minute")
     fresh_redis.kill()
     for _ in range(3):
@@ -90,7 +90,7 @@ def test_fail_closed_raises_store_unavailable(fresh_redis: rs.RedisServer, kind:
 
 def test_stopped_redis_times_out_and_fails_open(fresh_redis: rs.RedisServer, kind: str) -> None:
     clock = ManualClock()
-    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock)
+    limiter = Limiter(KINDS[kind](fresh_redis.url), clock=clock, monotonic=clock)
     assert limiter.hit("k", "10/minute").remaining == 9
     fresh_redis.pause()  # holds its port, answers nothing: every call runs into socket_timeout
     try:
@@ -120,7 +120,7 @@ def test_async_limiter_fails_open_and_recovers(fresh_redis: rs.RedisServer, kind
     clock = ManualClock()
 
     async def run() -> list[tuple[bool, int]]:
-        limiter = AsyncLimiter(KINDS[kind](fresh_redis.url), clock=clock)
+        limiter = AsyncLimiter(KINDS[kind](fresh_redis.url), clock=clock, monotonic=clock)
         out = [(d.degraded, d.remaining) for d in [await limiter.hit("k", "10/minute")]]
         fresh_redis.kill()
         for _ in range(5):
@@ -150,7 +150,9 @@ def wait_cluster_ok(cluster: rs.RedisCluster, timeout: float = 20.0) -> None:
 
 def test_cluster_node_killed_fails_open_and_recovers(fresh_cluster: rs.RedisCluster) -> None:
     clock = ManualClock()
-    limiter = Limiter(RedisClusterStore(fresh_cluster.url, socket_timeout=TIMEOUT), clock=clock)
+    limiter = Limiter(
+        RedisClusterStore(fresh_cluster.url, socket_timeout=TIMEOUT), clock=clock, monotonic=clock
+    )
     keys = [f"user:{i}" for i in range(9)]  # on all three nodes
     assert all(not limiter.hit(k, "10/minute").degraded for k in keys)
     victim = fresh_cluster.nodes[1]

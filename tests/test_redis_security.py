@@ -103,6 +103,7 @@ def exercise(url: str, admin: redis.Redis, prefix: str = "rk") -> list[str]:
         run(limiter.peek, "a", "5/minute")
         run(limiter.hit, "a", "5/minute", algorithm="gcra")
         store.close()
+    run(RedisStore(url, prefix=prefix, socket_timeout=5).ping)
     leases = ConcurrencyLimiter(RedisStore(url, prefix=prefix, socket_timeout=5), 2, clock=clock)
     lease = leases.acquire("a")
     if lease is None or lease.degraded or not leases.release(lease):

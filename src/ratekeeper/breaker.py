@@ -2,7 +2,10 @@
 
 One breaker guards one failure domain: the whole store, or one shard of a store that declares
 partitions (``stores.base.Partitioned``), so a dead shard degrades only its own keys. Time is
-the limiter's clock, passed in as epoch seconds; nothing here reads a clock or does I/O.
+passed in by the caller, and it is *operational* time: every limiter passes its monotonic
+clock (``time.monotonic`` unless injected), never its rate clock, so a rate clock that does
+not follow real time (a ``ManualClock``, a replayed log, a wall clock stepped back) cannot
+keep a breaker open. Nothing here reads a clock or does I/O.
 
 States and timeline, threshold 3, cool-down 0.5 s (doubling up to 30 s)::
 

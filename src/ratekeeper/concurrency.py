@@ -17,7 +17,8 @@ a ``breaker.Breaker`` (after 3 failures in a row the store is not called for 0.5
 each failed trial up to 30 s; all three settable) keeps a hung Redis from adding its timeout to
 every request (a lease taken before the breaker opened then expires by its TTL instead of being
 released). A store that is ``KeyPartitioned`` (sharded Redis) gets one breaker per shard, so a
-dead shard degrades only the keys it owns.
+dead shard degrades only the keys it owns. As in ``Limiter``, cool-downs and the log interval
+run on ``monotonic`` (``time.monotonic`` unless injected), lease expiry on ``clock``.
 ``Limiter``'s rule of "over the limit is an answer, not an exception" holds: ``acquire``
 returns ``None``.
 
@@ -88,12 +89,17 @@ class _LeaseCore:
         fail_open: bool,
         log_interval: float,
         breaker: tuple[int, float, float],
+        monotonic: Clock,
     ) -> None:
         self.capacity = check_capacity(capacity)
         self.lease_ttl = check_lease_ttl(lease_ttl)
-        if not callable(clock):
-            raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if not callable(clock) or not callable(monotonic):
+            raise ConfigError(
+                f"clock={clock!r} / monotonic={monotonic!r}: expected callables such as "
+                "time.time and time.monotonic"
+            )
         self.clock = clock
+        self.monotonic = monotonic
         self.fail_open = fail_open
         self.log_interval = log_interval
         self._last_log = -1e18
@@ -122,7 +128,7 @@ class _LeaseCore:
 
     def skip(self, breaker: Breaker) -> bool:
         """True while ``breaker`` is open: the store is not called (counted)."""
-        if breaker.open_until and not breaker.allow(self.clock()):
+        if breaker.open_until and not breaker.allow(self.monotonic()):
             self.counts["breaker_skips"] += 1
             return True
         return False
@@ -171,7 +177,7 @@ class _LeaseCore:
     def record_error(self, exc: Exception, breaker: Breaker) -> None:
         """Count a store error, tell the breaker, log at most once per interval."""
         self.counts["errors"] += 1
-        now = self.clock()
+        now = self.monotonic()
         if breaker.failed(now):
             self.counts["breaker_opened"] += 1
         if now - self._last_log >= self.log_interval:
@@ -191,6 +197,10 @@ class _Base:
     def lease_ttl(self) -> float:
         """Seconds after which an unreleased lease expires."""
         return self._core.lease_ttl
+
+    def breaker_states(self) -> dict[str, str]:
+        """Each store partition's breaker: ``closed``, ``failing`` or ``open``."""
+        return {str(p): b.state for p, b in sorted(self._core._breakers.items())}
 
     def stats(self) -> dict[str, Any]:
         """Counters (``acquired``, ``rejected``, ``released``, ``degraded``, ``errors``,
@@ -213,12 +223,15 @@ class ConcurrencyLimiter(_Base):
         breaker_threshold: int = 3,
         breaker_cooldown: float = 0.5,
         breaker_max_cooldown: float = 30.0,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not isinstance(store, LeaseStore):
             raise ConfigError(f"store {store!r} cannot hold leases; expected a LeaseStore")
         self.store = store
         breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
-        self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
+        self._core = _LeaseCore(
+            store, capacity, lease_ttl, clock, fail_open, log_interval, breaker, monotonic
+        )
 
     def acquire(
         self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
@@ -254,7 +267,7 @@ class ConcurrencyLimiter(_Base):
         if self._core.skip(breaker):
             return False
         try:
-            live = self.store.release_lease(lease.key, lease.id)
+            live = self.store.release_lease(lease.key, lease.id, int(self._core.clock() * 1000))
         except Exception as exc:
             self._core.record_error(exc, breaker)
             return False
@@ -291,12 +304,15 @@ class AsyncConcurrencyLimiter(_Base):
         breaker_threshold: int = 3,
         breaker_cooldown: float = 0.5,
         breaker_max_cooldown: float = 30.0,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not isinstance(store, AsyncLeaseStore):
             raise ConfigError(f"store {store!r} cannot hold leases; expected an AsyncLeaseStore")
         self.store = store
         breaker = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
-        self._core = _LeaseCore(store, capacity, lease_ttl, clock, fail_open, log_interval, breaker)
+        self._core = _LeaseCore(
+            store, capacity, lease_ttl, clock, fail_open, log_interval, breaker, monotonic
+        )
 
     async def acquire(
         self, key: str, *, capacity: int | None = None, lease_ttl: float | None = None
@@ -332,7 +348,8 @@ class AsyncConcurrencyLimiter(_Base):
         if self._core.skip(breaker):
             return False
         try:
-            live = await self.store.release_lease_async(lease.key, lease.id)
+            now_ms = int(self._core.clock() * 1000)
+            live = await self.store.release_lease_async(lease.key, lease.id, now_ms)
         except Exception as exc:
             self._core.record_error(exc, breaker)
             return False

@@ -4,10 +4,22 @@ A decision is built from one store reply only, so its headers always agree with 
 (GitHub's "rejected with Remaining: 5000" cannot happen). Header syntax:
 
 - GitHub-style ``X-RateLimit-Limit / -Remaining / -Reset`` (integer epoch seconds) ``/ -Used``;
-- the IETF draft "RateLimit header fields for HTTP" (structured fields): ``RateLimit-Policy``
-  lists every rate of the stack as ``"name";q=<quota>;w=<window s>``, and ``RateLimit`` gives
-  the deciding rate as ``"name";r=<remaining>;t=<seconds to reset>``;
+- the IETF draft "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11,
+  structured fields): ``RateLimit-Policy`` lists every rate of the stack as
+  ``"name";q=<quota>;w=<window s>``, and ``RateLimit`` gives the deciding rate as
+  ``"name";r=<remaining>;t=<seconds>``;
 - ``Retry-After`` (integer seconds, rounded up) on a rejection that can ever succeed.
+
+``t`` is the seconds until more quota is available *for this client*: on a rejection that can
+succeed, exactly the ``Retry-After`` value (the draft: Retry-After should not point earlier
+than ``t``); otherwise the seconds until the deciding rate is fully reset or refilled, which
+for ``fixed_window`` is also when its quota comes back, and for the refilling algorithms the
+moment by which all of it has.
+
+Names are structured-field Strings, which hold printable ASCII only (RFC 8941 3.3.3): every
+byte of a name's UTF-8 outside ``0x20-0x7E``, and ``%`` itself, is written ``%XX`` (upper-case
+hex, as RFC 9651 Display Strings escape), so ``café`` goes out as ``"caf%C3%A9"``; ``"`` and
+``\\`` are backslash-escaped. Every header value is ASCII.
 """
 
 from __future__ import annotations
@@ -55,7 +67,12 @@ class Decision:
         """
         deciding, quota_policy = _names(policy, self.stack, self.rate, self.limit, self.quotas)
         remaining = str(self.remaining)
-        reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
+        retry = None
+        if not self.allowed and math.isfinite(self.retry_after):
+            retry = max(1, math.ceil(self.retry_after - 1e-9))
+            reset_in = retry  # Retry-After never points earlier than t (module docstring)
+        else:
+            reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
         out = {
             "X-RateLimit-Limit": str(self.limit),
             "X-RateLimit-Remaining": remaining,
@@ -64,8 +81,8 @@ class Decision:
             "RateLimit-Policy": quota_policy,
             "RateLimit": f"{deciding};r={remaining};t={reset_in}",
         }
-        if not self.allowed and math.isfinite(self.retry_after):
-            out["Retry-After"] = str(max(1, math.ceil(self.retry_after - 1e-9)))
+        if retry is not None:
+            out["Retry-After"] = str(retry)
         return out
 
 
@@ -136,4 +153,18 @@ def make_decision(
 
 def _item_name(policy: str | None, rate: Rate, size: int) -> str:
     name = rate.code if policy is None else (policy if size == 1 else f"{policy}.{rate.code}")
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + ascii_name(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def ascii_name(name: str) -> str:
+    """``name`` in printable ASCII: each UTF-8 byte outside ``0x20-0x7E``, and ``%``, as ``%XX``
+    (injective, and the identity for the usual names). Used for every name put in a header."""
+    if name.isascii() and name.isprintable() and "%" not in name:
+        return name
+    out = []
+    for char in name:
+        if " " <= char <= "~" and char != "%":
+            out.append(char)
+        else:
+            out.extend(f"%{b:02X}" for b in char.encode("utf-8", "surrogatepass"))
+    return "".join(out)

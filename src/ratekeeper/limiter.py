@@ -10,6 +10,15 @@ failures in a row the breaker opens and the store is not called for a cool-down 
 ``breaker_cooldown`` seconds and doubles on each failed trial up to ``breaker_max_cooldown``;
 the first call after the cool-down is the one trial, and its success closes the breaker (see
 ``breaker``). A ``Partitioned`` store (sharded Redis) gets one breaker per partition.
+
+Two clocks: ``clock`` (epoch seconds) decides limits; ``monotonic`` (``time.monotonic``) times
+the breaker's cool-downs and the failure log's interval, so a frozen or replayed rate clock
+never freezes recovery. Tests inject each separately.
+
+Metrics (``metrics=``, a ``ratekeeper.metrics.Metrics``): each decision is counted under its
+rates (``policy="100/1m"``) unless ``count_decisions=False`` (the middleware and the service
+count under their own names), store calls are timed and their errors counted (the in-process
+fast path makes no store call), and the breakers' states are watched. Off, it costs nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from .breaker import Breaker
 from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
+from .metrics.core import Metrics
 from .plan import (
     Op,
     Plan,
@@ -38,7 +48,7 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncStore, LocalStore, Partitioned, Store
+from .stores.base import AsyncPingable, AsyncStore, LocalStore, Partitioned, Pingable, Store
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -55,9 +65,13 @@ class _Core:
         breaker_threshold: int,
         breaker_cooldown: float,
         breaker_max_cooldown: float,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if not callable(monotonic):
+            raise ConfigError(f"monotonic={monotonic!r} is not callable; expected time.monotonic")
+        self.monotonic = monotonic
         self._breaker_settings = (breaker_threshold, breaker_cooldown, breaker_max_cooldown)
         self._breakers: dict[int, Breaker] = {0: Breaker(*self._breaker_settings)}  # validates
         self.partition: Callable[[Plan], int] | None = None
@@ -71,6 +85,17 @@ class _Core:
         self.hit_one: Callable[..., Outcome] | None = None
         self._last_log = -1e18
         self.counts = {"degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0}
+        self.metrics: Metrics | None = None
+        """Set: store calls are timed and errors counted."""
+        self.counting: Metrics | None = None
+        """Set: every hit is counted as a decision (peeks, refunds and resets are not)."""
+
+    def count(self, d: Decision) -> None:
+        """Count one decision under its rates (``counting`` is set)."""
+        stack = d.stack
+        label = stack[0].code if len(stack) == 1 else "; ".join(r.code for r in stack)
+        outcome = "degraded" if d.degraded else "allowed" if d.allowed else "rejected"
+        self.counting.decision(label, outcome)  # type: ignore[union-attr]  # callers check
 
     def watch(self, store: object) -> None:
         """Keep one breaker per partition if ``store`` declares partitions."""
@@ -164,18 +189,22 @@ class _Core:
 
     def admit(self, plan: Plan, breaker: Breaker) -> bool:
         """Whether ``plan`` may reach the store past an open ``breaker`` (counts the skips)."""
-        if breaker.allow(plan.now_ms / 1000):
+        if breaker.allow(self.monotonic()):
             return True
         self.counts["breaker_skips"] += 1
         return False
 
     def failed(
-        self, plan: Plan, exc: BaseException | None, breaker: Breaker | None
+        self, plan: Plan, exc: BaseException | None, breaker: Breaker | None, start: float = 0.0
     ) -> Decision | None:
-        """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy."""
+        """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy;
+        ``start`` is when the failed store call began (perf_counter; with metrics)."""
         if exc is not None:
             self.counts["store_errors"] += 1
-            now = plan.now_ms / 1000
+            if self.metrics is not None:
+                self.metrics.store_latency.observe(time.perf_counter() - start)
+                self.metrics.store_errors.inc()
+            now = self.monotonic()
             if breaker is not None and breaker.failed(now):
                 self.counts["breaker_opened"] += 1
             if now - self._last_log >= 10.0:
@@ -194,6 +223,10 @@ class _Core:
         self.counts["degraded"] += 1
         return degraded(plan)
 
+    def breaker_states(self) -> dict[str, str]:
+        """Each partition's breaker state (``"0"`` for a store without partitions)."""
+        return {str(part): b.state for part, b in sorted(self._breakers.items())}
+
     def stats(self) -> dict[str, Any]:
         """Counters of failures and degraded decisions, and the breakers' state.
 
@@ -208,6 +241,20 @@ class _Core:
             "breakers_open": sum(b.state == "open" for b in breakers),
             "consecutive_failures": max(b.failures for b in breakers),
         }
+
+
+def store_name(store: object) -> str:
+    """A store's label in metrics: its kind (a name from the code, never from a caller)."""
+    name = type(store).__name__
+    return _STORE_NAMES.get(name, name)
+
+
+_STORE_NAMES = {
+    "MemoryStore": "memory",
+    "RedisStore": "redis",
+    "ShardedRedisStore": "sharded",
+    "RedisClusterStore": "cluster",
+}
 
 
 def _cache_key(
@@ -244,10 +291,26 @@ class _Base:
         breaker_threshold: int = 3,
         breaker_cooldown: float = 0.5,
         breaker_max_cooldown: float = 30.0,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self._core = _Core(
-            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown
+            clock, fail_open, breaker_threshold, breaker_cooldown, breaker_max_cooldown, monotonic
         )
+
+    def _observe(self, store: object, metrics: Metrics | None, count_decisions: bool) -> None:
+        if metrics is None:
+            return
+        if not isinstance(metrics, Metrics):
+            raise ConfigError(
+                f"metrics={metrics!r} is invalid; expected ratekeeper.metrics.Metrics"
+            )
+        self._core.metrics = metrics
+        self._core.counting = metrics if count_decisions else None
+        metrics.watch_breakers(self.breaker_states, store_name(store))
+
+    def breaker_states(self) -> dict[str, str]:
+        """Each store partition's breaker: ``closed``, ``failing`` or ``open``."""
+        return self._core.breaker_states()
 
     @property
     def clock(self) -> Clock:
@@ -272,6 +335,8 @@ class Limiter(_Base):
         store: Store | None = None,
         clock: Clock = time.time,
         fail_open: bool = True,
+        metrics: Metrics | None = None,
+        count_decisions: bool = True,
         **breaker: Any,
     ) -> None:
         super().__init__(clock, fail_open, **breaker)
@@ -280,16 +345,28 @@ class Limiter(_Base):
             raise ConfigError(f"store {store!r} cannot be used by Limiter; it has no execute()")
         self.store = store
         self._core.watch(store)
+        self._observe(store, metrics, count_decisions)
+
+    def check(self) -> None:
+        """Check the store answers — at startup: building a Redis store connects to nothing,
+        so a wrong address would otherwise only show as degraded decisions. Raises
+        ``StoreUnavailable`` naming the store's address (never its password)."""
+        if isinstance(self.store, Pingable):
+            self.store.ping()
 
     def _run(self, plan: Plan) -> Decision | None:
         core = self._core
         breaker = core.only or core.breaker(plan)
         if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
+        metrics = core.metrics
+        start = 0.0 if metrics is None else time.perf_counter()
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
-            return core.failed(plan, exc, breaker)
+            return core.failed(plan, exc, breaker, start)
+        if metrics is not None:
+            metrics.store_latency.observe(time.perf_counter() - start)
         if breaker.failures:
             breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
@@ -307,16 +384,19 @@ class Limiter(_Base):
         count_rejected: bool = False,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = self._core.local_hit(
+        core = self._core
+        decision = core.local_hit(
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
             decision = self._run(
-                self._core.plan(
+                core.plan(
                     "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
                 )
             )
         assert decision is not None  # hit and peek always produce a decision
+        if core.counting is not None:
+            core.count(decision)
         return decision
 
     def peek(
@@ -387,6 +467,8 @@ class AsyncLimiter(_Base):
         store: AsyncStore | None = None,
         clock: Clock = time.time,
         fail_open: bool = True,
+        metrics: Metrics | None = None,
+        count_decisions: bool = True,
         **breaker: Any,
     ) -> None:
         super().__init__(clock, fail_open, **breaker)
@@ -397,16 +479,26 @@ class AsyncLimiter(_Base):
             )
         self.store = store
         self._core.watch(store)
+        self._observe(store, metrics, count_decisions)
+
+    async def check(self) -> None:
+        """See ``Limiter.check``."""
+        if isinstance(self.store, AsyncPingable):
+            await self.store.ping_async()
 
     async def _run(self, plan: Plan) -> Decision | None:
         core = self._core
         breaker = core.only or core.breaker(plan)
         if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
+        metrics = core.metrics
+        start = 0.0 if metrics is None else time.perf_counter()
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
-            return core.failed(plan, exc, breaker)
+            return core.failed(plan, exc, breaker, start)
+        if metrics is not None:
+            metrics.store_latency.observe(time.perf_counter() - start)
         if breaker.failures:
             breaker.succeeded()
         return decide(plan, outcomes) if outcomes else None
@@ -424,16 +516,19 @@ class AsyncLimiter(_Base):
         count_rejected: bool = False,
     ) -> Decision:
         """Consume ``cost`` units if every rate admits them; a rejection consumes nothing."""
-        decision = self._core.local_hit(
+        core = self._core
+        decision = core.local_hit(
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
             decision = await self._run(
-                self._core.plan(
+                core.plan(
                     "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
                 )
             )
         assert decision is not None
+        if core.counting is not None:
+            core.count(decision)
         return decision
 
     async def peek(

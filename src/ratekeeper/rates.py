@@ -3,13 +3,19 @@
 Accepted forms (case-insensitive, spaces allowed around parts)::
 
     100/second   100/minute   5000/hour   10000/day      unit words, singular or plural
+    1000/week    100000/month   1000000/year             (a month is 30 days, a year 365)
     100/s  100/sec  100/m  100/min  100/h  100/hr  100/d  abbreviations
+    100/w  100/wk  100/mo  100/y  100/yr
     100/30s  100/5 minutes  20/2h  1/1d  7/1500ms         a multiple of a unit
     100 per minute                                        "per" instead of "/"
     2/second; 100/minute                                  a stack: every rate must admit
 
 A bad string raises ``RateSpecError`` (a ``ValueError``) naming the bad part and listing what
 is accepted; nothing is ever silently read as some other limit.
+
+A month is 30 days and a year 365, the lengths envoyproxy/ratelimit gives its ``MONTH`` and
+``YEAR`` units: windows are fixed lengths, never calendar months. The service reads Envoy-format
+units through ``UNIT_MS``, so the library and the service speak one grammar.
 """
 
 from __future__ import annotations
@@ -21,22 +27,36 @@ from functools import lru_cache
 
 from .errors import RateSpecError
 
-_UNIT_MS: dict[str, int] = {}
+DAY_MS = 86_400_000
+UNIT_MS: dict[str, int] = {}
+"""Every unit word and abbreviation, lower case, in milliseconds."""
 for _names, _ms in (
     (("ms", "msec", "millisecond", "milliseconds"), 1),
     (("s", "sec", "secs", "second", "seconds"), 1_000),
     (("m", "min", "mins", "minute", "minutes"), 60_000),
     (("h", "hr", "hrs", "hour", "hours"), 3_600_000),
-    (("d", "day", "days"), 86_400_000),
+    (("d", "day", "days"), DAY_MS),
+    (("w", "wk", "wks", "week", "weeks"), 7 * DAY_MS),
+    (("mo", "mon", "month", "months"), 30 * DAY_MS),
+    (("y", "yr", "yrs", "year", "years"), 365 * DAY_MS),
 ):
     for _name in _names:
-        _UNIT_MS[_name] = _ms
+        UNIT_MS[_name] = _ms
 
-_UNIT_WORDS = {1_000: "second", 60_000: "minute", 3_600_000: "hour", 86_400_000: "day"}
-_UNIT_SHORT = {1_000: "s", 60_000: "m", 3_600_000: "h", 86_400_000: "d"}
+_UNIT_WORDS = {
+    1_000: "second",
+    60_000: "minute",
+    3_600_000: "hour",
+    DAY_MS: "day",
+    7 * DAY_MS: "week",
+    30 * DAY_MS: "month",
+    365 * DAY_MS: "year",
+}
+_UNIT_SHORT = {1_000: "s", 60_000: "m", 3_600_000: "h", DAY_MS: "d"}
 ACCEPTED = (
     "a rate like '100/minute', '5000/hour', '100/30s' or '2/second; 100/minute' "
-    "(units: ms, s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s))"
+    "(units: ms, s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s), "
+    "w, wk, week(s), mo, month(s) of 30 days, y, yr, year(s) of 365 days)"
 )
 MAX_COUNT = 10**12
 MAX_PERIOD_MS = 3650 * 86_400_000
@@ -85,7 +105,7 @@ class Rate:
     @property
     def code(self) -> str:
         """Short canonical form, e.g. ``100/1m`` or ``7/1500ms``; used in store keys."""
-        for ms in (86_400_000, 3_600_000, 60_000, 1_000):
+        for ms in (DAY_MS, 3_600_000, 60_000, 1_000):
             if self.period_ms % ms == 0:
                 return f"{self.count}/{self.period_ms // ms}{_UNIT_SHORT[ms]}"
         return f"{self.count}/{self.period_ms}ms"
@@ -136,7 +156,7 @@ def _parse_one(part: str, whole: str) -> Rate:
         raise RateSpecError(
             f"rate count 0 in {whole!r} admits nothing; the count must be at least 1"
         )
-    unit_ms = _UNIT_MS.get(unit)
+    unit_ms = UNIT_MS.get(unit)
     if unit_ms is None:
         raise RateSpecError(f"rate unit {unit!r} in {whole!r} is unknown; expected {ACCEPTED}")
     if mult_text is not None and len(mult_text.lstrip("0")) > len(str(MAX_PERIOD_MS)):

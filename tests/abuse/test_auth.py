@@ -68,6 +68,7 @@ def _request(client: httpx.Client, route: Route, auth: str | None) -> httpx.Resp
     body |= {"/v1/refund": {"policy": "p", "key": "k"}, "/v1/reset": {"policy": "p", "key": "k"}}
     body |= {"/v1/admin/policies/{name}": {}, "/v1/admin/reload": {}}
     body |= {"/v1/concurrency/acquire": {"policy": "c", "key": "k"}}
+    body |= {"/dashboard/modes": {"name": "p", "mode": "enforce"}}
     if route.path == "/v1/concurrency/release":  # a real lease, taken with the client token
         taken = client.post(
             "/v1/concurrency/acquire",

@@ -243,7 +243,7 @@ def check_answer(status: int, headers: dict[str, str], body: bytes) -> Any:
     """The API's promise for any request: no 500, JSON that says what was wrong."""
     assert status < 500 or status == 503, (status, body)
     assert int(headers["content-length"]) == len(body)
-    if headers["content-type"].startswith("text/plain"):
+    if headers["content-type"].startswith(("text/plain", "text/html")):  # /metrics, /dashboard
         return body.decode()
     data = json.loads(body)
     if status >= 400:

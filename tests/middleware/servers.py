@@ -1,4 +1,5 @@
-"""Real HTTP servers on 127.0.0.1 in a thread: uvicorn for ASGI apps, wsgiref for WSGI apps."""
+"""Real HTTP servers on 127.0.0.1 in a thread: uvicorn for ASGI apps, wsgiref and waitress for
+WSGI apps."""
 
 from __future__ import annotations
 
@@ -55,6 +56,22 @@ def wsgi_server(app: Callable[..., Any]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+        thread.join(timeout=20)
+
+
+@contextmanager
+def waitress_server(app: Callable[..., Any], threads: int = 8) -> Iterator[str]:
+    """Serve ``app`` with waitress (a production WSGI server, ``threads`` workers) on a free
+    loopback port; yields the base URL."""
+    from waitress.server import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=threads)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}"
+    finally:
+        server.close()
         thread.join(timeout=20)
 
 

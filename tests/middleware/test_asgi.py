@@ -165,7 +165,7 @@ def test_rejection_refunds_earlier_charges() -> None:
     client = client_for(mw)
     for _ in range(8):
         assert client.get("/items").status_code == 429
-    store.release_lease("conc:all", "held")
+    store.release_lease("conc:all", "held", 0)
     assert client.get("/items").headers["X-RateLimit-Remaining"] == "4"
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \(Envoy RLS\) on [^ ]+:(\d+))?")
@@ -17,8 +18,15 @@ _LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \(Envoy RLS\) on [^ ]+:(\d
 class ServiceProcess:
     """Starts ``ratekeeper serve`` and learns its ports from the line it prints."""
 
-    def __init__(self, *configs: Path, env: dict[str, str] | None = None, grpc: bool = True):
-        args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0"]
+    def __init__(
+        self,
+        *configs: Path,
+        env: dict[str, str] | None = None,
+        grpc: bool = True,
+        extra: tuple[str, ...] = (),
+        preexec_fn: Callable[[], None] | None = None,
+    ):
+        args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0", *extra]
         args += ["--grpc-port", "0"] if grpc else ["--no-grpc"]
         for c in configs:
             args += ["--config", str(c)]
@@ -28,6 +36,7 @@ class ServiceProcess:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,
         )
         self.banner = self._read_banner()
         m = _LISTEN.search(self.banner)

@@ -102,6 +102,23 @@ def test_envoy_format_as_is() -> None:
     assert blocked is not None and cfg.policies[blocked.policy or ""].block
 
 
+def test_week_month_year_are_one_grammar_in_both_formats() -> None:
+    """Envoy's units come from the library's rate grammar: a month is 30 days, a year 365."""
+    for unit, seconds in config.ENVOY_UNITS.items():
+        assert Rate.parse(f"1/{unit}") == (Rate(1, float(seconds)),)
+    native = config.parse_text("policies:\n  quota:\n    rate: 100/month; 1000/year; 50/week\n")
+    month = Rate(100, 30 * 86400.0)
+    year = Rate(1000, 365 * 86400.0)
+    assert native.policies["quota"].policy.rates == (month, year, Rate(50, 604800.0))
+    cfg = config.parse_text(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, "
+        "requests_per_unit: 100}\n  - key: y\n    rate_limit: {unit: YEAR, "
+        "requests_per_unit: 7}\n"
+    )
+    assert cfg.policies["d/k"].policy.rates == (month,)
+    assert cfg.policies["d/y"].policy.rates == (Rate(7, 365 * 86400.0),)
+
+
 STORES = [
     ("store: memory\n", "memory"),
     ("store: redis://127.0.0.1:6379/0\n", "redis"),

@@ -9,7 +9,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratekeeper.decision import make_decision
+from ratekeeper.decision import ascii_name, make_decision
 from ratekeeper.rates import Rate
 from ratekeeper.service.engine import Result
 from ratekeeper.service.http import _result_body, _result_json
@@ -67,7 +67,7 @@ def test_headers_policy_fields_follow_the_stack(
 
     def name(r: Rate) -> str:
         text = r.code if policy is None else (policy if len(stack) == 1 else f"{policy}.{r.code}")
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + ascii_name(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     def quota(r: Rate) -> int:
         return q[stack.index(r)] if q else limit if r == rate else r.count

@@ -1,7 +1,8 @@
 """ASGI and WSGI middleware putting ratekeeper's limiters and shedders in front of an API.
 
     from ratekeeper.middleware import RateLimitMiddleware, RateCheck, keys
-    app.add_middleware(RateLimitMiddleware, checks=[RateCheck("api", "10/second; 500/hour")])
+    app.add_middleware(RateLimitMiddleware, checks=[RateCheck("api", "10/second; 500/hour")],
+                       trusted_proxies=["10.0.0.0/8"])  # behind load balancers: set them once
 
 What belongs where:
 
@@ -10,7 +11,9 @@ What belongs where:
   (also importable as ``ratekeeper.middleware.keys``);
 - ``responses``: rejection bodies and headers, pure;
 - ``gate``: the admission rules, written once as generators of store operations;
-- ``asgi`` / ``wsgi``: the two drivers, a screenful of I/O each.
+- ``runner``: those operations carried out on sync or async limiters (``Runner``,
+  ``AsyncRunner``), for the middleware and the framework integrations;
+- ``asgi`` / ``wsgi``: the two middleware, a screenful of I/O each.
 
 No web framework is imported here or anywhere in ratekeeper's middleware.
 """

@@ -6,24 +6,31 @@ by the middleware itself, an allowed response gets its headers by wrapping ``sen
 released and 304s refunded when the app returns — after the last body chunk of a streaming
 response, or when it raises or is cancelled because the client went away (shielded from that
 cancellation on asyncio, so the release itself is not cancelled).
+
+Cancelled during admission (client gone, an outer timeout, shutdown): see ``AsyncRunner``;
+what was granted is refunded and released before the cancellation goes on.
+
+The request's ``Admission`` is left in the scope (``gate.SCOPE_KEY``): a framework integration
+walks a route's limits into it after routing (``admit_route``), and the headers are read when
+the response starts, so they include those limits'.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter
 from ..limiter import AsyncLimiter
-from ..shedding import AsyncFleetUsageShedder
+from ..metrics.core import Metrics
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
-from .gate import Admission, Gate, Op, run_async, split_checks
-from .request import PriorityFunc, from_scope
+from .checks import ChargeWhen, Check, Controls
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
+from .request import PriorityFunc, from_scope, trusted_networks
+from .responses import Rejection
+from .runner import AsyncRunner
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,7 +56,9 @@ class RateLimitMiddleware:
     """ASGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be an ``AsyncStore``, and an
-    ``AsyncLeaseStore`` too when there are concurrency or fleet checks.
+    ``AsyncLeaseStore`` too when there are concurrency or fleet checks. ``trusted_proxies``
+    (addresses or CIDR ranges of your load balancers, set once) is what every
+    ``keys.client_ip()`` — the default key of every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -63,93 +72,88 @@ class RateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
-        self.controls = self.gate.controls
-        self.limiter = AsyncLimiter(self.store, clock=clock)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+        self.gate = Gate(
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
+        self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
+        self.runner = AsyncRunner(self.gate, self.store, clock)
+        self.limiter: AsyncLimiter = self.runner.limiter
 
-    async def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return await call(
-                op.key,
-                c.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return await self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return await self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return await holder.release(op.lease)
+    async def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (the WSGI twin serves ``simulate``)."""
+        return await self.runner.execute(op)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         gate = self.gate
-        adm = Admission()
+        request = from_scope(scope, self.trusted_proxies)
+        adm = scope[SCOPE_KEY] = Admission(request)
+        extra: list[tuple[bytes, bytes]] = []
         try:
-            await run_async(gate.admit(from_scope(scope), adm), self._execute)
+            rejection = await self.runner.admit(request, adm)
+            if rejection is not None:
+                extra = _encode(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
-        rejection = adm.rejection
+            rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
-            await self._finish(adm, rejection.status)
+            await self.runner.finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
-            await send({**start, "headers": _encode(rejection.headers)})
+            await send({**start, "headers": extra})
             body = b"" if scope.get("method") == "HEAD" else rejection.body
             await send({"type": "http.response.body", "body": body})
             return
         if not adm.entered:  # exempt
             await self.app(scope, receive, send)
             return
-        extra = _encode(adm.headers)
         status: int | None = None
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if extra:
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                # read now: a route's limits may have joined the admission after routing
+                added = added_headers(adm)
+                if added:
+                    try:
+                        more = _encode(added)
+                    except Exception as exc:  # never break the app's response
+                        gate.failed_open("ratekeeper", exc)
+                    else:
+                        message = {**message, "headers": [*message.get("headers", ()), *more]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            await self._finish(adm, status)
+            await self.runner.finish(adm, status)
 
-    async def _finish(self, adm: Admission, status: int | None) -> None:
-        ops = self.gate.finish(adm, status)
-        if not ops:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # not asyncio (trio): no shield to use
-            await self._run_ops(ops)
-            return
-        # Shielded: inside a cancelled task or anyio scope (client gone), an unshielded await
-        # would be cancelled again before the lease is released or the 304 refunded.
-        await asyncio.shield(self._run_ops(ops))
-
-    async def _run_ops(self, ops: list[Op]) -> None:
-        for op in ops:
-            try:
-                await self._execute(op)
-            except Exception as exc:
-                self.gate.finish_failed(op, exc)
+    async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or not positions:
+            return adm.rejection
+        return await self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

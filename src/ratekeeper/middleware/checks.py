@@ -4,7 +4,9 @@ Checks are frozen configuration: each middleware builds the live limiters for it
 for WSGI, async for ASGI) from them, over one store.
 
 - ``RateCheck``: a request-rate rule — any algorithm, stacked rates, a key function, routes,
-  methods and a cost (a number or a function of the request). Over the limit: 429.
+  methods and a cost (a number or a function of the request). The rate may be a function of the
+  request too (a customer's plan; ``None``: no limit for this request), and ``charge_when``
+  decides from the response's status whether the request is charged at all. Over: 429.
 - ``ConcurrencyCheck``: at most ``capacity`` requests in progress per key. Over: 429.
 - ``FleetCheck``: the fleet-usage shedder; requests of the first priority tier are critical.
   Over the non-critical share: 503.
@@ -38,6 +40,10 @@ log = logging.getLogger("ratekeeper")
 MODES = ("enforce", "shadow", "off")
 COUNTERS = ("allowed", "rejected", "shadow_rejected", "failed_open", "skipped")
 CostFunc = Callable[[RequestInfo], int]
+RateSpec = str | Rate | tuple[Rate, ...]
+RateFunc = Callable[[RequestInfo], RateSpec | None]
+ChargeWhen = Callable[[int], bool]
+"""A predicate on a response's status: True keeps the charge, False gives it back."""
 
 
 def _check_name(name: object) -> None:
@@ -51,23 +57,32 @@ class _Scope:
 
     routes: PathMatcher
     methods: frozenset[str]
+    everywhere: bool
 
     def applies(self, request: RequestInfo) -> bool:
+        if self.everywhere:  # the usual case, decided without a call
+            return True
         if self.methods and request.method not in self.methods:
             return False
         return not self.routes or self.routes(request.path)
 
 
 def _scope(routes: Iterable[str], methods: Iterable[str]) -> _Scope:
-    return _Scope(PathMatcher(routes), frozenset(m.upper() for m in methods))
+    matcher, verbs = PathMatcher(routes), frozenset(m.upper() for m in methods)
+    return _Scope(matcher, verbs, not matcher and not verbs)
 
 
 @dataclass(frozen=True, slots=True)
 class RateCheck:
-    """Requests per key under a rate (or stack), e.g. ``RateCheck("api", "10/s; 500/h")``."""
+    """Requests per key under a rate (or stack), e.g. ``RateCheck("api", "10/s; 500/h")``.
+
+    ``rate`` may be a function of the request returning the rate, or None for no limit (it is
+    then parsed per request; a bad one fails open and is logged). ``charge_when`` (default: the
+    middleware's) is asked with the response's status; False refunds the charge.
+    """
 
     name: str
-    rate: str | Rate | tuple[Rate, ...]
+    rate: RateSpec | RateFunc
     key: KeyFunc = field(default_factory=client_ip)
     algorithm: str = "fixed_window"
     burst: int | None = None
@@ -75,11 +90,20 @@ class RateCheck:
     routes: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
     cost: int | CostFunc = 1
+    charge_when: ChargeWhen | None = None
     where: _Scope = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
-        make_policy(self.rate, self.algorithm, self.burst, self.buckets)  # fail at startup
+        if callable(self.rate):
+            make_policy("1/1ms", self.algorithm, self.burst, self.buckets)  # the options
+        else:
+            make_policy(self.rate, self.algorithm, self.burst, self.buckets)  # fail at startup
+        if self.charge_when is not None and not callable(self.charge_when):
+            raise ConfigError(
+                f"charge_when={self.charge_when!r} is invalid; expected a function of the "
+                "response status returning True to charge"
+            )
         if not callable(self.cost) and (
             isinstance(self.cost, bool) or not isinstance(self.cost, int) or self.cost < 1
         ):
@@ -89,6 +113,10 @@ class RateCheck:
     def cost_of(self, request: RequestInfo) -> int:
         """The units this request costs."""
         return self.cost(request) if callable(self.cost) else self.cost
+
+    def rate_of(self, request: RequestInfo) -> RateSpec | None:
+        """The rate for this request (None: no limit)."""
+        return self.rate(request) if callable(self.rate) else self.rate
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,8 @@
 ``Gate.admit(request, admission)`` walks the checks in order and *yields* each store operation
 (``Op``) it needs — a rate ``hit``, a lease ``acquire``, a fleet ``admit`` — receiving the
 result (or a ``Failure``) back; ``Gate.finish(admission, status)`` returns the ``refund`` and
-``release`` operations that end a request, as a list. The WSGI middleware drives the flow with
-``run`` and a sync executor, the ASGI one with ``run_async`` and an async executor: the two
+``release`` operations that end a request, as a list. ``runner.Runner`` drives the flow with
+``run`` and sync limiters, ``runner.AsyncRunner`` with ``run_async`` and async ones: the two
 differ only where ``await`` appears (the pattern of httpx's ``auth_flow``).
 
 Rules:
@@ -12,10 +12,23 @@ Rules:
   and never adds headers;
 - any exception — in a key function, the store, or a degraded (fail-open) answer — lets the
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
+  the first store failure of the process is logged at ERROR, naming the store's address
+  (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
 - an allowed response carries the headers of the enforced rate decision with least remaining;
-- a response whose status is in ``refund_statuses`` (default: 304) is refunded.
+- a charge stays only if the check's ``charge_when`` (else the gate's) says so for the
+  response's status; by default every status but those in ``refund_statuses`` (304) is charged;
+- the checks given to the constructor run for every request; checks registered later with
+  ``add`` (a framework's per-route limits) run only where a caller names their positions, in
+  the same admission, so one request has one set of headers and one rule for giving back.
+- an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
+  shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
+  granted when the driver could wait for it, is refunded and released;
+- with ``metrics``, every count above is also a decision of the check's name in
+  ``ratekeeper_decisions`` (``failed_open`` as ``degraded``, ``skipped`` as ``disabled``), a
+  rejection's key feeds the top-keys sketch, and requests in flight and the worker shedders'
+  drop probabilities are watched.
 """
 
 from __future__ import annotations
@@ -24,14 +37,23 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple
 
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
+from ..metrics.core import Metrics
 from ..shedding import WorkerUtilizationShedder
-from .checks import Check, ConcurrencyCheck, Controls, FleetCheck, RateCheck, WorkerCheck
+from .checks import (
+    ChargeWhen,
+    Check,
+    ConcurrencyCheck,
+    Controls,
+    FleetCheck,
+    RateCheck,
+    WorkerCheck,
+)
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
@@ -45,10 +67,22 @@ from .responses import (
 log = logging.getLogger("ratekeeper")
 
 Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+OUTCOME = {
+    "allowed": "allowed",
+    "rejected": "rejected",
+    "shadow_rejected": "shadow_rejected",
+    "failed_open": "degraded",
+    "skipped": "disabled",
+}
+"""A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
 class Op(NamedTuple):
-    """One store operation for the check at ``position`` (a tuple: built on every request)."""
+    """One store operation for the check at ``position`` (a tuple: built on every request).
+
+    ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
+    gave for this request); the refund of that hit carries it too.
+    """
 
     kind: Kind
     position: int
@@ -56,6 +90,7 @@ class Op(NamedTuple):
     cost: int = 1
     critical: bool = False
     lease: Lease | None = None
+    rate: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +100,54 @@ class Failure:
     exc: Exception
 
 
+SCOPE_KEY = "ratekeeper.admission"
+"""Where the middleware leaves a request's ``Admission`` (ASGI scope, WSGI environ), for a
+framework integration to walk a route's checks into after routing."""
+
+
 class Admission:
     """What one request was granted: charges, leases, headers, or the rejection."""
 
-    __slots__ = ("best", "charged", "done", "entered", "headers", "leases", "rejection", "tier")
+    __slots__ = (
+        "aborted",
+        "best",
+        "charged",
+        "done",
+        "entered",
+        "headers",
+        "key",
+        "leases",
+        "rejection",
+        "request",
+        "tier",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, request: RequestInfo | None = None) -> None:
+        self.request = request
         self.tier: str | None = None
         self.best: tuple[str, Decision] | None = None
-        self.charged: list[tuple[int, str, int]] = []
+        self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
         self.headers: Headers = ()
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
+        self.aborted = False
+        self.key: str | None = None
+        """The caller key of the check being walked (for the top-keys sketch)."""
+
+
+_BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
+
+
+def added_headers(adm: Admission) -> Headers:
+    """The headers a middleware adds to the app's response: the admission's; or, when a route's
+    limit rejected the request and the app answered it (a framework's error handler shapes the
+    429), the rejection's rate-limit headers, so every 429 carries them whoever wrote it."""
+    rejection = adm.rejection
+    if rejection is None:
+        return adm.headers
+    return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
 
 
 class _Degraded(Exception):
@@ -100,63 +169,124 @@ class Gate:
         refund_statuses: Iterable[int],
         clock: Clock,
         log_interval: float,
+        charge_when: ChargeWhen | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
             checks = [checks]
-        self.checks: tuple[Check, ...] = tuple(checks)
-        for c in self.checks:
-            if not isinstance(c, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
-                raise ConfigError(
-                    f"check {c!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                    "FleetCheck or WorkerCheck"
-                )
-        names = [c.name for c in self.checks]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        checks = list(checks)
+        names = [getattr(c, "name", None) for c in checks]
+        dupes = sorted({n for n in names if names.count(n) > 1 and isinstance(n, str)})
         if dupes:
             raise ConfigError(f"check names {dupes} are used twice; each check needs its own")
+        self.checks: list[Check] = []
+        """Every check by position; grows (``add``), so executors look positions up here."""
         self.controls = Controls(clock=clock) if controls is None else controls
         self.exempt = PathMatcher(exempt)
+        self._exempting = bool(self.exempt)
         self.priority = priorities() if priority is None else priority
         self.refund_statuses = frozenset(refund_statuses)
+        if charge_when is not None and not callable(charge_when):
+            raise ConfigError(
+                f"charge_when={charge_when!r} is invalid; expected a function of the response "
+                "status returning True to charge"
+            )
+        self.charge_when = charge_when
         self.clock = clock
         self.log_interval = log_interval
         self.in_flight = 0
         self._lock = threading.Lock()
-        self._shedders = {
-            i: c.shedder or WorkerUtilizationShedder(clock=clock)
-            for i, c in enumerate(self.checks)
-            if isinstance(c, WorkerCheck)
-        }
+        self._shedders: dict[int, WorkerUtilizationShedder] = {}
+        self.metrics = metrics
+        for c in checks:
+            self.add(c)
+        self.every: tuple[int, ...] = tuple(range(len(self.checks)))
+        """The positions walked for every request: the checks given to the constructor."""
         self._last_log = -1e18
         self._unlogged = 0
+        self.store_label = "(the store)"
+        """How the first store failure's ERROR names the store: the middleware sets its repr."""
+        self._store_reported = False
+        if metrics is not None:
+            metrics.watch_in_flight(self.requests_in_flight)
 
-    def admit(self, request: RequestInfo, adm: Admission) -> Flow:
-        """Walk the checks for one request, filling ``adm`` (see the module docstring)."""
-        if self.exempt and self.exempt(request.path):
-            return
-        adm.entered = True
+    def requests_in_flight(self) -> int:
+        """Requests between ``admit`` and ``finish`` now."""
+        return self.in_flight
+
+    def count(self, name: str, what: str, key: str | None = None) -> None:
+        """Count one verdict of check ``name`` in the controls and the metrics."""
+        self.controls.count(name, what)
+        if self.metrics is not None:
+            self.metrics.decision(name, OUTCOME[what], key)
+
+    def add(self, check: Check) -> int:
+        """Register ``check`` and return its position; the same check again keeps its position
+        (a limit shared by several routes), another check under a name in use is an error."""
+        if not isinstance(check, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+            raise ConfigError(
+                f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
+                "FleetCheck or WorkerCheck"
+            )
         with self._lock:
-            self.in_flight += 1
+            for position, known in enumerate(self.checks):
+                if known.name == check.name:
+                    if known == check:
+                        return position
+                    raise ConfigError(
+                        f"check name {check.name!r} is used twice with different settings; "
+                        "each check needs its own name"
+                    )
+            if isinstance(check, WorkerCheck):
+                shedder = check.shedder or WorkerUtilizationShedder(clock=self.clock)
+                self._shedders[len(self.checks)] = shedder
+                if self.metrics is not None:
+                    self.metrics.watch_shedder(check.name, shedder)
+            self.checks.append(check)
+            return len(self.checks) - 1
+
+    def enter(self, request: RequestInfo, adm: Admission) -> bool:
+        """Count the request in flight (once); False if its path is exempt. What ``admit``
+        does first, and all it does when there is nothing to walk."""
+        if self._exempting and self.exempt(request.path):
+            return False
+        if not adm.entered:
+            adm.entered = True
+            with self._lock:
+                self.in_flight += 1
+        return True
+
+    def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Flow:
+        """Walk the checks at ``positions`` (default: ``every``) for one request, filling
+        ``adm``; called again on the same admission (a route's limits after the app-wide
+        checks), it goes on where the first walk left off (see the module docstring)."""
+        if not self.enter(request, adm):
+            return
         controls = self.controls
-        for index, check in enumerate(self.checks):
+        checks = self.checks
+        for index in self.every if positions is None else positions:
+            check = checks[index]
             name = check.name
             mode = controls.mode(name)
             if mode == "off":
-                controls.count(name, "skipped")
+                self.count(name, "skipped")
                 continue
+            adm.key = None
             try:
                 verdict = yield from self._check(index, check, request, adm, mode)
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
             if verdict is True:
-                controls.count(name, "allowed")
+                self.count(name, "allowed")
             elif verdict is False:
                 continue
             elif mode == "shadow":
-                controls.count(name, "shadow_rejected")
+                self.count(name, "shadow_rejected", adm.key)
             else:
-                controls.count(name, "rejected")
+                self.count(name, "rejected", adm.key)
                 adm.rejection = verdict
                 return
         if adm.best is not None:
@@ -172,19 +302,23 @@ class Gate:
             key = check.key(request)
             if key is None:
                 return False
+            adm.key = key
             key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
                 lease = _unwrap((yield Op("acquire", index, key)))
                 return self._keep(adm, index, lease) or concurrency_rejection(
                     check.name, check.capacity
                 )
-            cost = check.cost_of(request)
-            decision: Decision = _unwrap((yield Op("hit", index, key, cost)))
+            rate = check.rate_of(request)
+            if rate is None:
+                return False
+            op = Op("hit", index, key, check.cost_of(request), rate=rate)
+            decision: Decision = _unwrap((yield op))
             if decision.degraded:
                 raise _Degraded
             if not decision.allowed:
                 return rate_rejection(check.name, decision)
-            adm.charged.append((index, key, cost))
+            adm.charged.append(op)
             if mode == "enforce" and (
                 adm.best is None or decision.remaining < adm.best[1].remaining
             ):
@@ -232,13 +366,41 @@ class Gate:
             with self._lock:
                 self.in_flight -= 1
         ops = []
-        if adm.charged and (
-            adm.rejection is not None or (status is not None and status in self.refund_statuses)
-        ):
-            ops = [Op("refund", index, key, cost) for index, key, cost in adm.charged]
+        if adm.charged:
+            if adm.rejection is not None or adm.aborted:
+                ops = [op._replace(kind="refund") for op in adm.charged]
+            elif status is not None:
+                ops = [
+                    op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
+                ]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def _keeps(self, op: Op, status: int) -> bool:
+        """Whether the charge ``op`` stands for a response with ``status``."""
+        check = self.checks[op.position]
+        predicate = check.charge_when or self.charge_when  # type: ignore[union-attr]  # a rate check's op
+        if predicate is None:
+            return status not in self.refund_statuses
+        try:
+            return bool(predicate(status))
+        except Exception as exc:  # the response is sent: keep the charge, say why once
+            self.failed_open(check.name, exc, count=False)
+            return True
+
+    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
+        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
+        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
+        unknown): a charge or lease it granted is given back too."""
+        if op is not None and result is not None and not isinstance(result, Failure):
+            if op.kind == "hit" and isinstance(result, Decision):
+                if result.allowed and not result.degraded:
+                    adm.charged.append(op)
+            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
+                adm.leases.append((op.position, result))
+        adm.aborted = True
+        return self.finish(adm, None)
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
@@ -247,7 +409,16 @@ class Gate:
     def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
-            self.controls.count(name, "failed_open")
+            self.count(name, "failed_open")
+        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+            self._store_reported = True
+            log.error(
+                "ratekeeper check %r: store %s does not answer (%s); requests go through "
+                "unchecked (fail open) until it does, later failures are logged as warnings",
+                name,
+                self.store_label,
+                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+            )
         if isinstance(exc, _Degraded):
             return
         self._unlogged += 1
@@ -296,34 +467,3 @@ async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None
             op = flow.send(result)
     except StopIteration:
         return
-
-
-_Lease = TypeVar("_Lease")
-_Fleet = TypeVar("_Fleet")
-
-
-def split_checks(
-    checks: Sequence[Check],
-    store: Any,
-    clock: Clock,
-    lease_class: Callable[..., _Lease],
-    fleet_class: Callable[..., _Fleet],
-) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
-    """Index checks by position: rate configs, and one limiter per lease-based check, built on
-    ``store`` (also a lease store when such checks exist; the limiters check that).
-
-    The ASGI and WSGI middleware pass their async or sync classes, whose constructors match.
-    """
-    rates: dict[int, RateCheck] = {}
-    leases: dict[int, _Lease] = {}
-    fleets: dict[int, _Fleet] = {}
-    for i, c in enumerate(checks):
-        if isinstance(c, RateCheck):
-            rates[i] = c
-        elif isinstance(c, ConcurrencyCheck):
-            leases[i] = lease_class(store, c.capacity, c.lease_ttl, clock=clock)
-        elif isinstance(c, FleetCheck):
-            fleets[i] = fleet_class(
-                store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
-            )
-    return rates, leases, fleets

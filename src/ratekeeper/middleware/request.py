@@ -5,7 +5,8 @@
 function of ``RequestInfo``, shared by both middlewares:
 
 - key functions (``KeyFunc``: request -> key, or None to skip the check for this request):
-  ``client_ip`` (honouring ``X-Forwarded-For`` only from trusted proxies), ``header`` (an API
+  ``client_ip`` (honouring ``X-Forwarded-For`` only from trusted proxies: the middleware's
+  ``trusted_proxies``, set once for every check, or the function's own), ``header`` (an API
   token), ``user`` (the authenticated user), ``path``, ``constant``, ``first`` (fallbacks);
 - priority functions (``PriorityFunc``: request -> tier name): ``priorities``;
 - ``PathMatcher``: route patterns (exact paths, or globs with ``*``) for per-route rules and
@@ -30,8 +31,9 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class RequestInfo:
     """One request as checks see it. ``header(name)`` is a case-insensitive lookup.
 
-    ``peer`` is the address of the TCP peer (maybe a proxy); ``raw`` is the ASGI scope or WSGI
-    environ, for custom key functions.
+    ``peer`` is the address of the TCP peer (maybe a proxy; None or a socket path on a Unix
+    socket); ``raw`` is the ASGI scope or WSGI environ, for custom key functions;
+    ``trusted`` the middleware's trusted proxies, which ``client()`` applies.
     """
 
     method: str
@@ -40,13 +42,18 @@ class RequestInfo:
     user: str | None
     header: Callable[[str], str | None]
     raw: Any
+    trusted: tuple[Network, ...] = ()
+
+    def client(self) -> str:
+        """The client's address behind the middleware's trusted proxies (see ``client_ip``)."""
+        return resolve_client(self, self.trusted)
 
 
 KeyFunc = Callable[[RequestInfo], str | None]
 PriorityFunc = Callable[[RequestInfo], str]
 
 
-def from_scope(scope: Any) -> RequestInfo:
+def from_scope(scope: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo:
     """A ``RequestInfo`` for an ASGI HTTP scope."""
     raw_headers = scope.get("headers") or ()
 
@@ -63,10 +70,11 @@ def from_scope(scope: Any) -> RequestInfo:
         _user_name(scope.get("user")),
         header,
         scope,
+        trusted,
     )
 
 
-def from_environ(environ: Any) -> RequestInfo:
+def from_environ(environ: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo:
     """A ``RequestInfo`` for a WSGI environ."""
 
     def header(name: str) -> str | None:
@@ -84,6 +92,7 @@ def from_environ(environ: Any) -> RequestInfo:
         environ.get("REMOTE_USER") or None,
         header,
         environ,
+        trusted,
     )
 
 
@@ -113,49 +122,76 @@ def trusted_networks(proxies: Iterable[str]) -> tuple[Network, ...]:
     return tuple(out)
 
 
-def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+UNIX_PEER = "unix"
+"""The key of a request whose peer has no IP address (a server on a Unix socket) when no
+trusted proxy can say who the client is: one counter for everything arriving that way."""
+
+
+def _parse_ip(text: str) -> Address | None:
+    """An IP from ``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:443`` or ``::1``; an IPv4-mapped IPv6
+    address (``::ffff:10.0.0.1``, what a dual-stack socket reports) is its IPv4 address."""
     text = text.strip()
     if text.startswith("[") and "]" in text:  # "[::1]:443"
         text = text[1 : text.index("]")]
     elif text.count(":") == 1:  # "1.2.3.4:5678"
         text = text.split(":", 1)[0]
     try:
-        return ipaddress.ip_address(text)
+        ip = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
-def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
+def resolve_client(request: RequestInfo, networks: tuple[Network, ...]) -> str:
+    """The client's address: see ``client_ip``. Never None, so a check keyed by it always
+    applies."""
+    peer = request.peer
+    if not networks:
+        if not peer or peer[0] == "/":
+            return UNIX_PEER
+        if ("." in peer and ":" in peer) or peer[:2] == "[:" or peer[:7].lower() == "::ffff:":
+            ip = _parse_ip(peer)  # a port, brackets or a mapped address: the bare IP
+            return peer if ip is None else str(ip)
+        return peer
+    ip = None if not peer else _parse_ip(peer)
+    if ip is not None and not any(ip in n for n in networks):
+        return str(ip)
+    # a trusted proxy, or a peer without an IP address: a Unix socket, which only a local
+    # process can reach, i.e. the proxy in front
+    hop = UNIX_PEER if ip is None else str(ip)
+    forwarded = request.header("x-forwarded-for")
+    if not forwarded:
+        return hop
+    for entry in reversed(forwarded.split(",")):
+        entry_ip = _parse_ip(entry)
+        if entry_ip is None:  # garbage before a trusted hop: blame the hop that passed it on
+            return hop
+        hop = str(entry_ip)
+        if not any(entry_ip in n for n in networks):
+            return hop
+    return hop  # every hop is trusted: the leftmost is the best we know
+
+
+def client_ip(trusted_proxies: Iterable[str] | None = None) -> KeyFunc:
     """The client's IP: the peer, or — only when the peer is a trusted proxy — the rightmost
     ``X-Forwarded-For`` entry that is not itself a trusted proxy.
 
-    A client can put anything in ``X-Forwarded-For``; only entries appended by proxies we trust
-    are believed, so a spoofed header from an untrusted peer is ignored.
+    ``trusted_proxies`` None (the default) uses the middleware's ``trusted_proxies``, set once
+    for every check; a list here overrides it for this key. A client can put anything in
+    ``X-Forwarded-For``; only entries appended by proxies we trust are believed, so a spoofed
+    header from an untrusted peer is ignored. An IPv4-mapped IPv6 address (``::ffff:10.0.0.1``)
+    is its IPv4 address, for matching and as the key. A peer without an IP address (a Unix
+    socket) is a local process: with trusted proxies it is trusted as one, without it the key
+    is ``"unix"``. The key is never None: the check always applies.
     """
+    if trusted_proxies is None:
+        return RequestInfo.client
     networks = trusted_networks(trusted_proxies)
-
-    def trusted(address: str | None) -> bool:
-        ip = None if address is None else _parse_ip(address)
-        return ip is not None and any(ip in n for n in networks)
-
-    def key(request: RequestInfo) -> str | None:
-        peer = request.peer
-        if not networks or not trusted(peer):
-            return peer
-        forwarded = request.header("x-forwarded-for")
-        if not forwarded:
-            return peer
-        hop = peer
-        for entry in reversed(forwarded.split(",")):
-            ip = _parse_ip(entry)
-            if ip is None:  # garbage before a trusted hop: blame the hop that passed it on
-                return hop
-            hop = str(ip)
-            if not any(ip in n for n in networks):
-                return hop
-        return hop  # every hop is trusted: the leftmost is the best we know
-
-    return key
+    return lambda request: resolve_client(request, networks)
 
 
 def header(name: str) -> KeyFunc:

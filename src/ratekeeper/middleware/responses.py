@@ -2,7 +2,8 @@
 
 Pure functions of a ``Decision`` (or a concurrency/shedding verdict) returning ``Rejection``
 data — status, header pairs, JSON body — that the ASGI and WSGI middlewares only send. Header
-pairs are ``str``; the ASGI side encodes them as latin-1.
+pairs are ``str`` and ASCII: a check name outside printable ASCII is percent-encoded in headers
+(``decision.ascii_name``; the JSON body keeps it as it is).
 
 Rejection bodies tell the client what happened and what to do::
 
@@ -12,6 +13,12 @@ Rejection bodies tell the client what happened and what to do::
 ``error`` is ``rate_limited`` (429), ``concurrency_limited`` (429) or ``overloaded`` (503).
 Every response decided by a rate check carries the deciding ``Decision``'s headers plus
 ``X-RateLimit-Resource`` naming the check.
+
+GitHub's convention, which its clients (@octokit/plugin-throttling) act on: a *primary* limit
+is used up (``X-RateLimit-Remaining: 0``; the client waits for ``X-RateLimit-Reset``); any
+other 429 is a *secondary* rate limit, said in the body's ``message`` ("secondary rate limit"),
+with ``Retry-After``. So a rate rejection with nothing left is primary; one whose cost exceeds
+what is left, and a concurrency rejection, are secondary.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..decision import Decision
+from ..decision import Decision, ascii_name
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -44,7 +51,7 @@ class Rejection:
 
 def decision_headers(check: str, decision: Decision) -> Headers:
     """The decision's rate-limit headers plus ``X-RateLimit-Resource``."""
-    return (*decision.headers(check).items(), ("X-RateLimit-Resource", check))
+    return (*decision.headers(check).items(), ("X-RateLimit-Resource", ascii_name(check)))
 
 
 def _seconds(value: float) -> int | None:
@@ -76,6 +83,11 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
         advice = "This request costs more than the limit allows; it can never succeed."
     else:
         advice = f"Retry after {retry} second{'s' if retry != 1 else ''}."
+    if retry is not None and decision.remaining > 0:  # the cost exceeds what is left
+        advice = (
+            f"You have exceeded a secondary rate limit: this request needs more than the "
+            f"{decision.remaining} left. {advice}"
+        )
     message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
     body = {
         "error": "rate_limited",
@@ -90,8 +102,8 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:
     """429 for too many requests in progress under one key."""
     message = (
-        f"Too many requests in progress for {check!r}: at most {capacity} at a time. "
-        "Wait for one to finish, then retry."
+        f"You have exceeded a secondary rate limit: too many requests in progress for "
+        f"{check!r}, at most {capacity} at a time. Wait for one to finish, then retry."
     )
     body = {
         "error": "concurrency_limited",
@@ -100,7 +112,7 @@ def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Re
         "policy": check,
         "message": message,
     }
-    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", check))
+    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check)))
     return _build(check, "concurrency_limited", 429, headers, body)
 
 
@@ -117,5 +129,5 @@ def shed_rejection(check: str, retry_after: int, limit: int | None = None) -> Re
         "policy": check,
         "message": message,
     }
-    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", check))
+    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check)))
     return _build(check, "overloaded", 503, headers, body)

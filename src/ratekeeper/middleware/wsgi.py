@@ -4,24 +4,32 @@ The gate's flow runs with ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageSh
 store. A rejection is answered by the middleware; an allowed response gets its headers through a
 wrapped ``start_response``. The app's iterable is wrapped so that leases are released and 304s
 refunded when the server calls ``close()`` — after a streamed body, or when the client went away
-— and at once if the app raises.
+— and at once if the app raises. An admission interrupted by a ``BaseException`` (a gevent or
+eventlet timeout, ``KeyboardInterrupt``, ``SystemExit``) is ended with ``Gate.abort``: what it
+was granted is refunded and released before the exception goes on. (A store call interrupted
+mid-flight cannot say what it granted: such a lease expires after its ``lease_ttl``.)
+
+The request's ``Admission`` is left in the environ (``gate.SCOPE_KEY``): a framework
+integration walks a route's limits into it after routing (``admit_route``), and the headers
+are read when the app starts its response, so they include those limits'.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..concurrency import ConcurrencyLimiter
 from ..limiter import Limiter
-from ..shedding import FleetUsageShedder
+from ..metrics.core import Metrics
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
-from .checks import Check, Controls
-from .gate import Admission, Gate, Op, run, split_checks
-from .request import PriorityFunc, from_environ
+from .checks import ChargeWhen, Check, Controls
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
+from .request import PriorityFunc, from_environ, trusted_networks
+from .responses import Rejection
+from .runner import Runner
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -48,11 +56,23 @@ class _Finishing:
             self._on_close()
 
 
+def _latin1(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Header pairs checked to be what PEP 3333 allows (latin-1 text): a value that is not
+    raises here, inside the fail-open guard, rather than in the server."""
+    out = list(headers)
+    for name, value in out:
+        name.encode("latin-1")
+        value.encode("latin-1")
+    return out
+
+
 class WSGIRateLimitMiddleware:
     """WSGI middleware running ``checks`` in order before the app (see ``ratekeeper.middleware``).
 
     ``store`` (default: a new ``MemoryStore``) must be a ``Store``, and a ``LeaseStore`` too
-    when there are concurrency or fleet checks.
+    when there are concurrency or fleet checks. ``trusted_proxies`` (addresses or CIDR ranges
+    of your load balancers, set once) is what every ``keys.client_ip()`` — the default key of
+    every check — applies to ``X-Forwarded-For``.
     """
 
     def __init__(
@@ -66,52 +86,52 @@ class WSGIRateLimitMiddleware:
         exempt: Iterable[str] = (),
         priority: PriorityFunc | None = None,
         refund_statuses: Iterable[int] = (304,),
+        charge_when: ChargeWhen | None = None,
         log_interval: float = 60.0,
+        trusted_proxies: Iterable[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
+        self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
-        self.gate = Gate(checks, controls, exempt, priority, refund_statuses, clock, log_interval)
-        self.controls = self.gate.controls
-        self.limiter = Limiter(self.store, clock=clock)
-        self._rates, self._leases, self._fleets = split_checks(
-            self.gate.checks, self.store, clock, ConcurrencyLimiter, FleetUsageShedder
+        self.gate = Gate(
+            checks,
+            controls,
+            exempt,
+            priority,
+            refund_statuses,
+            clock,
+            log_interval,
+            charge_when=charge_when,
+            metrics=metrics,
         )
+        self.controls = self.gate.controls
+        self.gate.store_label = repr(self.store)
+        self.runner = Runner(self.gate, self.store, clock)
+        self.limiter: Limiter = self.runner.limiter
 
-    def _execute(self, op: Op) -> Any:
-        kind = op.kind
-        if kind == "hit" or kind == "refund":
-            c = self._rates[op.position]
-            call = self.limiter.hit if kind == "hit" else self.limiter.refund
-            return call(
-                op.key,
-                c.rate,
-                algorithm=c.algorithm,
-                cost=op.cost,
-                burst=c.burst,
-                buckets=c.buckets,
-            )
-        if kind == "acquire":
-            return self._leases[op.position].acquire(op.key)
-        if kind == "admit":
-            return self._fleets[op.position].admit(op.critical)
-        holder = self._leases.get(op.position) or self._fleets[op.position]
-        return holder.release(op.lease)
+    def execute(self, op: Op) -> Any:
+        """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
+        return self.runner.execute(op)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
-        adm = Admission()
+        request = from_environ(environ, self.trusted_proxies)
+        adm = environ[SCOPE_KEY] = Admission(request)
+        extra: list[tuple[str, str]] = []
         try:
-            run(gate.admit(from_environ(environ), adm), self._execute)
+            rejection = self.runner.admit(request, adm)  # interrupted: see the module docstring
+            if rejection is not None:
+                extra = _latin1(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
             gate.failed_open("ratekeeper", exc)
-        rejection = adm.rejection
+            rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
-            self._finish(adm, rejection.status)
-            start_response(rejection.status_line, list(rejection.headers))
+            self.runner.finish(adm, rejection.status)
+            start_response(rejection.status_line, extra)
             return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else rejection.body]
         if not adm.entered:  # exempt
             return self.app(environ, start_response)
-        extra = list(adm.headers)
         status: list[int | None] = [None]
 
         def start_with_headers(line: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
@@ -119,22 +139,29 @@ class WSGIRateLimitMiddleware:
                 status[0] = int(line[:3])
             except ValueError:
                 status[0] = None
-            return start_response(line, [*headers, *extra] if extra else headers, *exc_info)
+            # read now: a route's limits may have joined the admission after routing
+            added = added_headers(adm)
+            if added:
+                try:
+                    headers = [*headers, *_latin1(added)]
+                except Exception as exc:  # never break the app's response
+                    gate.failed_open("ratekeeper", exc)
+            return start_response(line, headers, *exc_info)
 
         try:
             result = self.app(environ, start_with_headers)
         except BaseException:
-            self._finish(adm, None)
+            self.runner.finish(adm, None)
             raise
-        return _Finishing(result, lambda: self._finish(adm, status[0]))
+        return _Finishing(result, lambda: self.runner.finish(adm, status[0]))
 
-    def _finish(self, adm: Admission, status: int | None) -> None:
-        gate = self.gate
-        for op in gate.finish(adm, status):
-            try:
-                self._execute(op)
-            except Exception as exc:
-                gate.finish_failed(op, exc)
+    def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
+        """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
+        admission after routing; return the rejection to answer with, if any. The hook of the
+        framework integrations; this middleware adds the headers and finishes the request."""
+        if adm.request is None or not positions:
+            return adm.rejection
+        return self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
         """Counters per check, requests in flight, and the limiter's store failures."""

@@ -40,6 +40,33 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "--grpc-port", type=_port, default=8081, help="gRPC port for Envoy's RLS API (0: any free)"
     )
     parser.add_argument("--no-grpc", action="store_true", help="do not start the gRPC listener")
+    parser.add_argument(
+        "--store-wait",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long at startup for the store to answer, then exit 2 (default 5)",
+    )
+    parser.add_argument(
+        "--start-degraded",
+        action="store_true",
+        help="serve even if the store does not answer: fail open, /healthz 503 until it does",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection that takes longer to send its request headers (default 10)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="most open HTTP connections; past it the longest-idle one is closed "
+        "(default: the file-descriptor limit less 64)",
+    )
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -60,6 +87,10 @@ def run_serve(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         None if args.no_grpc else args.grpc_port,
+        store_wait=args.store_wait,
+        start_degraded=args.start_degraded,
+        header_timeout=args.header_timeout,
+        max_connections=args.max_connections,
         dotfiles=args.config_dotfiles,
     )
     return serve(options)
@@ -69,3 +100,26 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"port {text!r} is invalid; expected 0 to 65535")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected seconds, 0 to 3600")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected a whole number >= 1")
+    return int(text)
+
+
+def _timeout(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected seconds > 0")
+    return value

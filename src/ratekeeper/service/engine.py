@@ -290,10 +290,10 @@ class Engine:
         )
         if lease is None:
             if spec.shadow:
-                metrics.decision(name, "shadow_rejected")
+                metrics.decision(name, "shadow_rejected", key)
                 token = lease_token(name, key, "")
                 return LeaseResult(True, token, spec.capacity, in_use, None, name, shadow=True)
-            metrics.decision(name, "rejected")
+            metrics.decision(name, "rejected", key)
             return LeaseResult(False, None, spec.capacity, in_use, None, name)
         lease_id = "" if lease.degraded else lease.id
         metrics.decision(name, "degraded" if lease.degraded else "allowed")
@@ -335,7 +335,7 @@ class Engine:
         now_ms = int(self.clock() * 1000)
         cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
         if cached is not None:
-            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected")
+            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected", key)
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
@@ -353,9 +353,9 @@ class Engine:
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)
         if spec.shadow:
-            metrics.decision(label, "shadow_rejected")
+            metrics.decision(label, "shadow_rejected", key)
             return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
-        metrics.decision(label, "rejected")
+        metrics.decision(label, "rejected", key)
         return Result(decision, spec.name)
 
 

@@ -30,14 +30,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..rates import Rate
+from ..rates import UNIT_MS, Rate
 from .policies import PolicySpec, policy_from
 from .yaml_lines import Map, Problem, Seq, need_bool, need_int, need_map, need_seq
 
 UNITS = {"SECOND": 1, "MINUTE": 2, "HOUR": 3, "DAY": 4, "MONTH": 5, "YEAR": 6, "WEEK": 7}
 """Envoy's ``RateLimitUnit`` enum numbers (UNKNOWN is 0)."""
-UNIT_SECONDS = {1: 1, 2: 60, 3: 3600, 4: 86_400, 5: 30 * 86_400, 6: 365 * 86_400, 7: 7 * 86_400}
-"""Seconds per unit, as upstream counts them: a month is 30 days, a year 365."""
+UNIT_SECONDS = {
+    number: UNIT_MS[name] // 1000
+    for number, name in enumerate(("second", "minute", "hour", "day", "month", "year", "week"), 1)
+}
+"""Seconds per unit (by the proto's unit number), from the library's rate grammar
+(``rates.UNIT_MS``): a month is 30 days, a year 365, as upstream counts them."""
 VALID_KEYS = frozenset(
     {
         "domain",

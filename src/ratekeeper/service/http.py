@@ -9,6 +9,7 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/admin/reload                                                       admin
     POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
+    GET  /dashboard (page)   GET /dashboard/data (client)   POST /dashboard/modes (admin)
 
 ``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
 tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
+from . import dashboard
 from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
@@ -43,6 +45,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY = 64 * 1024
+CONCURRENCY_RETRY_AFTER = 1
+"""``Retry-After`` seconds of a full concurrency policy's 429: a slot frees when any request of
+the key ends, which no one can predict; one second keeps retrying clients from spinning."""
 MAX_COST = 2**31 - 1
 OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
@@ -81,6 +86,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
+    Route("GET", "/dashboard", "public"),
+    Route("GET", "/dashboard/data", "client"),
+    Route("POST", "/dashboard/modes", "admin"),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
@@ -119,6 +127,12 @@ class HttpApi:
         self.reload = reload
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
+        self.in_flight = 0
+        engine.metrics.watch_in_flight(self.requests_in_flight)
+
+    def requests_in_flight(self) -> int:
+        """HTTP requests being served now."""
+        return self.in_flight
 
     def _openapi_for(self, max_key_length: int) -> bytes:
         """The document for the running config's key length (rebuilt after a reload)."""
@@ -134,6 +148,7 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        self.in_flight += 1
         try:
             status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
@@ -145,6 +160,8 @@ class HttpApi:
         except Exception:  # a bug of ours: say so without details, and log it
             log.exception("unexpected error serving %s %s", method, path)
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
+        finally:
+            self.in_flight -= 1
         if isinstance(body, bytes):
             payload = body
         else:
@@ -176,6 +193,13 @@ class HttpApi:
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
+        if route.path == "/dashboard":
+            return 200, dashboard.PAGE, {"content-type": "text/html; charset=utf-8"}
+        if route.path == "/dashboard/data":
+            return 200, dashboard.data(self.engine), {"cache-control": "no-store"}
+        if route.path == "/dashboard/modes":
+            req = _object(await _body(scope, receive), {"name", "mode"})
+            return 200, dashboard.set_mode(self.engine, req), {}
         if route.path == "/v1/policies":
             config = self.engine.config
             names = [*config.policies, *config.concurrency]
@@ -186,7 +210,9 @@ class HttpApi:
             if "key" not in req:
                 raise BadRequest("key", "key is missing; expected a non-empty string")
             lease = await self.engine.acquire(spec, self.engine.check_key(req["key"]))
-            return (200 if lease.acquired else 429), _lease_json(lease), {}
+            if lease.acquired:
+                return 200, _lease_json(lease), {}
+            return 429, _lease_json(lease), {"Retry-After": str(CONCURRENCY_RETRY_AFTER)}
         if route.path == "/v1/concurrency/release":
             req = _object(await _body(scope, receive), {"lease"})
             if "lease" not in req:
@@ -359,9 +385,9 @@ def _lease_json(lease: LeaseResult) -> dict[str, Any]:
     }
     if not lease.acquired:
         out["error"] = "concurrency_limited"
-        out["message"] = (
-            f"{lease.limit} requests of this key are already in progress under "
-            f"{lease.policy!r}; retry when one of them has finished"
+        out["message"] = (  # "secondary rate limit": GitHub's clients back off on it
+            f"You have exceeded a secondary rate limit: {lease.limit} requests of this key are "
+            f"already in progress under {lease.policy!r}; retry when one of them has finished"
         )
     return out
 

@@ -1,6 +1,7 @@
-"""Prometheus metrics of the service, on a registry of its own (no global state).
+"""The service's metrics: ratekeeper's one vocabulary (``ratekeeper.metrics``), exported on a
+Prometheus registry of its own (no global state) at ``/metrics``.
 
-Names (all prefixed ``ratekeeper_``):
+Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabulary``):
 
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
@@ -8,6 +9,8 @@ Names (all prefixed ``ratekeeper_``):
 - ``store_latency_seconds``: histogram of store calls (one per batch when batching, which
   carries lease calls of concurrency policies too; else one per call);
 - ``store_errors_total``: store calls that raised (with batching: calls of a batch that failed);
+- ``breaker_state{store, shard, kind}``: 0 closed, 1 failing, 2 open, per store part;
+- ``in_flight_requests``: HTTP requests being served;
 - ``batch_size``: histogram of calls per batch;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
@@ -26,66 +29,29 @@ import struct
 import time
 from collections.abc import Iterator
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..algorithms import Outcome
+from ..metrics import core
+from ..metrics.prometheus import register
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.sharded import ShardedRedisStore
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOP_KEYS = 64
+"""Rejected (policy, key) pairs the dashboard's Space-Saving sketch keeps."""
 
 
-class Metrics:
-    """The service's metrics and their exposition."""
+class Metrics(core.Metrics):
+    """The service's metrics (the shared ``Metrics``) and their exposition."""
 
     def __init__(self) -> None:
-        # the *_created series only double the scrape size (prometheus_client is untyped here)
-        disable_created_metrics()  # type: ignore[no-untyped-call]
+        super().__init__(top_keys=TOP_KEYS)
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.decisions = Counter(
-            "ratekeeper_decisions", "Decisions by policy and outcome.", ["policy", "outcome"],
-            registry=r,
-        )  # fmt: skip
-        self.store_latency = Histogram(
-            "ratekeeper_store_latency_seconds", "Latency of store calls.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.store_errors = Counter(
-            "ratekeeper_store_errors", "Store calls that raised.", registry=r
-        )
-        self.batch_size = Histogram(
-            "ratekeeper_batch_size", "Calls per batch.", buckets=_BATCH_BUCKETS, registry=r
-        )
-        self.refused = Counter(
-            "ratekeeper_requests_refused", "Requests refused before counting.", ["reason"],
-            registry=r,
-        )  # fmt: skip
-        self.reloads = Counter(
-            "ratekeeper_config_reloads", "Config reloads by result.", ["result"], registry=r
-        )
-        self.policies = Gauge("ratekeeper_policies", "Policies loaded.", registry=r)
-        self.envoy = EnvoyStats(r, 0.8, 1000)
-        self._children: dict[tuple[str, str], Counter] = {}
-
-    def decision(self, policy: str, outcome: str) -> None:
-        """Count one decision (label children are cached: this is on the hot path)."""
-        child = self._children.get((policy, outcome))
-        if child is None:
-            child = self.decisions.labels(policy, outcome)
-            self._children[(policy, outcome)] = child
-        child.inc()
+        register(self, self.registry)
+        self.envoy = EnvoyStats(self.registry, 0.8, 1000)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
@@ -156,10 +122,10 @@ class InstrumentedLeases:
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         start = time.perf_counter()
         try:
-            return await self.inner.release_lease_async(key, lease_id)
+            return await self.inner.release_lease_async(key, lease_id, now_ms)
         except Exception:
             self.metrics.store_errors.inc()
             raise

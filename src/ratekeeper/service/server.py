@@ -1,6 +1,16 @@
 """Running the service: build the store, limiter and engine from a config, serve HTTP (uvicorn)
 and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/admin/reload``.
 
+At startup the store is pinged until it answers or ``store_wait`` seconds pass; then the
+service exits with a ``ConfigError`` naming the store's address (never its password), or,
+with ``start_degraded``, logs it at ERROR and serves anyway: decisions fail open and
+``/healthz`` answers 503 until the store does.
+
+Connections: HTTP connections must send a request's headers within ``header_timeout``
+seconds and at most ``max_connections`` are open (``connections``); gRPC connections are
+closed after 5 idle minutes and pinged when quiet so dead peers are dropped
+(``GRPC_OPTIONS``).
+
 A reload reads the config files again; if they are invalid the running config stays, the
 error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
 keeps the store (its counters) but not a change of store: that needs a restart, and a reload
@@ -28,9 +38,9 @@ import uvicorn
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
-from ..stores.base import AsyncStore
+from ..stores.base import AsyncPingable, AsyncStore
 from ..stores.batching import Batching
 from ..stores.cluster import RedisClusterStore
 from ..stores.leases import AsyncLeaseStore
@@ -38,6 +48,7 @@ from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
+from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import handler
@@ -69,18 +80,44 @@ class ServeOptions:
     """Read dot files in config directories too (envoyproxy/ratelimit's default)."""
     watch_interval: float = 1.0
     """Seconds between looks at config directories for changes (0: do not watch)."""
+    store_wait: float = 5.0
+    """Seconds to wait at startup for the store to answer (0: one try)."""
+    start_degraded: bool = False
+    """Serve even if the store never answered (fail open, ``/healthz`` 503)."""
+    header_timeout: float = 10.0
+    """Seconds an HTTP connection may take to send a request's headers before it is closed."""
+    max_connections: int | None = None
+    """Most open HTTP connections (None: the file-descriptor limit less a reserve)."""
+
+
+GRPC_IDLE_MS = 300_000
+"""A gRPC connection without calls for 5 minutes is closed (Envoy reconnects on demand)."""
+GRPC_KEEPALIVE_MS = 60_000
+"""The server pings a connection quiet for a minute, and drops it if no answer comes in 20 s:
+a client that vanished without closing (a dead host) does not hold its connection forever."""
+
+
+GRPC_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_idle_ms", GRPC_IDLE_MS),
+    ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", 20_000),
+)
+"""gRPC server settings: no SO_REUSEPORT (a second service on the port must fail, not share
+it), idle close and keepalive (see the constants above)."""
 
 
 def build_store(
     settings: config_mod.StoreSettings, metrics: Metrics
-) -> tuple[AsyncStore, AsyncLeaseStore]:
-    """The store a config asks for, instrumented, and the same store's leases for concurrency
-    policies. A Redis store batches (plans and leases alike) unless told not to: its batches
-    feed the latency and error metrics; without batching each call is timed on its own."""
+) -> tuple[AsyncStore, AsyncLeaseStore, object]:
+    """The store a config asks for, instrumented, the same store's leases for concurrency
+    policies, and the store itself (for ``ping``). A Redis store batches (plans and leases
+    alike) unless told not to: its batches feed the latency and error metrics; without
+    batching each call is timed on its own."""
     s = settings
     if s.kind == "memory":
         memory = MemoryStore(max_keys=s.max_keys)
-        return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics)
+        return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics), memory
     batching = (
         Batching(s.batch_max_size, s.batch_max_wait_ms / 1000, BatchMetrics(metrics))
         if s.batch
@@ -98,10 +135,11 @@ def build_store(
     else:
         raise ConfigError(f"store kind {s.kind!r} is unknown")
     if s.batch:
-        return store, store
+        return store, store, store
+    leases = InstrumentedLeases(store, metrics)
     if isinstance(store, ShardedRedisStore):
-        return InstrumentedPartitionedStore(store, metrics), InstrumentedLeases(store, metrics)
-    return InstrumentedStore(store, metrics), InstrumentedLeases(store, metrics)
+        return InstrumentedPartitionedStore(store, metrics), leases, store
+    return InstrumentedStore(store, metrics), leases, store
 
 
 class Service:
@@ -116,10 +154,13 @@ class Service:
         self.metrics.envoy.configure(
             self.config.envoy.near_limit_ratio, self.config.envoy.max_stat_keys
         )
-        self.store, self.leases = build_store(self.config.store, self.metrics)
+        self.store, self.leases, self._raw_store = build_store(self.config.store, self.metrics)
         limiter = AsyncLimiter(self.store, clock=clock)
         # capacity and lease TTL come with each acquire, from the concurrency policy
         leases = AsyncConcurrencyLimiter(self.leases, capacity=1, clock=clock)
+        kind = self.config.store.kind
+        self.metrics.watch_breakers(limiter.breaker_states, kind, "rate")
+        self.metrics.watch_breakers(leases.breaker_states, kind, "lease")
         self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
         self.envoy = Envoy(self.engine, self.metrics.envoy)
         self.api = HttpApi(self.engine, self.reload, self.health)
@@ -145,6 +186,21 @@ class Service:
             log.warning("config reloaded from %s", ", ".join(new.files))
             return None
 
+    async def check_store(self) -> str | None:
+        """Ping the store until it answers or ``store_wait`` passes; None, or why not."""
+        store = self._raw_store  # the store itself, under any metrics wrapper
+        if not isinstance(store, AsyncPingable):
+            return None
+        deadline = time.monotonic() + self.options.store_wait
+        while True:
+            try:
+                await store.ping_async()
+                return None
+            except StoreUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    return str(exc)
+            await asyncio.sleep(0.25)
+
     async def health(self) -> dict[str, Any]:
         """Store reachability (a real read-only call) and the limiter's failure counters."""
         limiter = self.engine.limiter
@@ -168,8 +224,7 @@ class Service:
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            # no SO_REUSEPORT: a second service on the same port must fail, not share it
-            grpc_server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+            grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
             grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
@@ -185,7 +240,10 @@ class Service:
             host=opts.host,
             port=opts.port,
             loop="none",
-            http="httptools" if _has("httptools") else "h11",
+            http=guarded_protocol(
+                opts.header_timeout,
+                opts.max_connections or default_max_connections(),
+            ),
             lifespan="off",
             access_log=False,
             proxy_headers=False,  # client address and scheme are never used: skip the rewrite
@@ -251,20 +309,21 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
 def serve(options: ServeOptions) -> int:
     """Build and run the service (on uvloop when installed); return the process exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
 
     async def main() -> None:
-        await Service(options).run()
+        service = Service(options)
+        error = await service.check_store()
+        if error is not None:
+            if not options.start_degraded:
+                raise ConfigError(
+                    f"the store does not answer: {error}. Check store: in the config, or pass "
+                    "--start-degraded to serve anyway (decisions fail open, /healthz 503)"
+                )
+            log.error("the store does not answer (%s); serving degraded: fail open", error)
+        await service.run()
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

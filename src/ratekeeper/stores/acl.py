@@ -6,7 +6,8 @@
 - keys: only ``{prefix}{*``: every key a store writes is ``prefix{tag}...`` (both layouts,
   leases too); no Pub/Sub channels;
 - commands a store sends itself: the script calls (``EVALSHA``, ``EVALSHA_RO``; ``EVAL`` and
-  ``EVAL_RO`` after ``NOSCRIPT``, and the compact layout's reset) and ``DEL`` (reset);
+  ``EVAL_RO`` after ``NOSCRIPT``, and the compact layout's reset), ``DEL`` (reset) and
+  ``PING`` (``store.ping()``, which the service runs at startup);
 - commands the scripts run (Redis checks those against the user as well): strings (the default
   layout), hashes (the compact layout), lists (sliding_log), sorted sets (leases), TTLs;
 - with ``cluster=True``, what redis-py's cluster client asks to learn the cluster
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from .keys import check_prefix
 
-SENT = ("evalsha", "evalsha_ro", "eval", "eval_ro", "del")
+SENT = ("evalsha", "evalsha_ro", "eval", "eval_ro", "del", "ping")
 """Commands the stores send themselves."""
 
 IN_SCRIPTS = (

@@ -8,7 +8,9 @@ part, so a dead shard degrades only its own keys. ``KeyPartitioned`` says the sa
 that carry a caller key but no plan (leases: the concurrency limiter's breakers). ``LocalStore``
 is optional too: an in-process store (``MemoryStore``) that can take a one-rate hit without a
 ``Plan``, which the limiters use as their fast path.
-Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
+``Pingable``/``AsyncPingable``: a store that can be checked at startup (every built-in store;
+``Limiter.check`` uses it). Stores wrap their driver's errors in ``StoreUnavailable``
+(``raise ... from exc``).
 """
 
 from __future__ import annotations
@@ -67,4 +69,23 @@ class LocalStore(Protocol):
         self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
     ) -> Outcome:
         """The outcome ``execute`` would give for a ``hit`` plan of one rate."""
+        ...
+
+
+@runtime_checkable
+class Pingable(Protocol):
+    """A store that can say whether it answers."""
+
+    def ping(self) -> None:
+        """Return if the store answers; raise ``StoreUnavailable`` naming it (never a
+        password) if not."""
+        ...
+
+
+@runtime_checkable
+class AsyncPingable(Protocol):
+    """``Pingable`` on an event loop."""
+
+    async def ping_async(self) -> None:
+        """See ``Pingable.ping``."""
         ...

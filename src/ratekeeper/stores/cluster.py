@@ -56,7 +56,7 @@ from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, LeaseCall, RedisLeases
-from .urls import check_url, redact
+from .urls import address, check_url, redact
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
 
@@ -126,7 +126,36 @@ class RedisClusterStore:
         )
 
     def __repr__(self) -> str:
-        return f"RedisClusterStore({redact(self.url)!r}, prefix={self.prefix!r})"
+        return f"RedisClusterStore({self.address!r}, prefix={self.prefix!r})"
+
+    @property
+    def address(self) -> str:
+        """The seed node's ``host:port`` (never a password), for logs and errors."""
+        return address(self.url).rsplit("/", 1)[0] if self.url else "(a cluster client)"
+
+    def ping(self) -> None:
+        """Check the cluster answers (the slot map loads, every primary replies to PING);
+        ``StoreUnavailable`` naming the seed node if not."""
+        try:
+            self._sync_client().ping(target_nodes=redis.RedisCluster.PRIMARIES)
+        except _ERRORS as exc:
+            raise self._unreachable(exc) from exc
+
+    async def ping_async(self) -> None:
+        """``ping`` on the asyncio cluster client."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use ping")
+        try:
+            await self._ready(client)
+            await client.ping(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
+        except _ERRORS as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"redis cluster at {self.address} does not answer: {type(exc).__name__}: {exc}"
+        )
 
     def _sync_client(self) -> redis.RedisCluster:
         client = self.client
@@ -234,10 +263,10 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
         try:
-            return self._sync_leases().release_lease(key, lease_id)
+            return self._sync_leases().release_lease(key, lease_id, now_ms)
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
@@ -258,10 +287,10 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio cluster client."""
         try:
-            return await (await self._aio_leases()).release_lease_async(key, lease_id)
+            return await (await self._aio_leases()).release_lease_async(key, lease_id, now_ms)
         except _ERRORS as exc:
             raise _lease_unavailable(exc) from exc
 

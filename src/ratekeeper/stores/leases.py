@@ -8,11 +8,16 @@ below capacity, all in one atomic step: there is no window between cleanup and c
 ``LeaseStore`` / ``AsyncLeaseStore`` are the protocols (checked once, when a limiter is built);
 ``MemoryLeases`` is the in-process implementation that ``MemoryStore`` delegates to. The Redis
 implementation is in ``redis_leases``.
+
+Releasing a lease after its expiry answers False on every store: at its expiry the lease
+stopped counting, and its slot may already be someone else's, so "it was live" would be wrong;
+a caller that sees False learns that its work outlived ``lease_ttl``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
 
@@ -29,8 +34,9 @@ class LeaseStore(Protocol):
         """
         ...
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
-        """Remove one lease; True if it was still live."""
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
+        """Remove one lease; True if it was still live at ``now_ms`` (an expired lease had
+        already stopped counting: releasing it removes it and answers False)."""
         ...
 
     def count_leases(self, key: str, now_ms: int) -> int:
@@ -48,7 +54,7 @@ class AsyncLeaseStore(Protocol):
         """See ``LeaseStore.acquire_lease``."""
         ...
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """See ``LeaseStore.release_lease``."""
         ...
 
@@ -58,12 +64,23 @@ class AsyncLeaseStore(Protocol):
 
 
 class MemoryLeases:
-    """Leases in a dict of dicts under one lock; keys without live leases are dropped."""
+    """Leases in an ordered dict of dicts under one lock.
 
-    __slots__ = ("_leases", "_lock")
+    Memory stays bounded without anyone calling ``sweep``: a key is dropped when its last lease
+    goes; each new key visits the ``SWEEP_BUDGET`` keys at the head of the order, dropping
+    their expired leases and moving the keys still holding live ones to the end, so keys are
+    visited faster than they are added and expired leases cannot pile up; and past
+    ``max_keys`` keys the one at the head (the least recently acquired or visited) is dropped
+    with its leases: its slots come free early, which fails open, never closed.
+    """
 
-    def __init__(self) -> None:
-        self._leases: dict[str, dict[str, int]] = {}
+    __slots__ = ("_leases", "_lock", "max_keys")
+
+    SWEEP_BUDGET = 2
+
+    def __init__(self, max_keys: int = 1_000_000) -> None:
+        self.max_keys = max_keys
+        self._leases: OrderedDict[str, dict[str, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def acquire_lease(
@@ -71,30 +88,33 @@ class MemoryLeases:
     ) -> tuple[bool, int]:
         """Sweep, count and add under the lock (see ``LeaseStore``)."""
         with self._lock:
-            live = self._leases.get(key)
+            leases = self._leases
+            live = leases.get(key)
             if live is None:
-                live = self._leases[key] = {}
+                live = leases[key] = {}
+                self._grew(now_ms)
             else:
-                expired = [i for i, exp in live.items() if exp <= now_ms]
-                for i in expired:
-                    del live[i]
+                _drop_expired(live, now_ms)
+                leases.move_to_end(key)
             if len(live) >= capacity:
                 count = len(live)
                 if not live:
-                    del self._leases[key]
+                    del leases[key]
                 return False, count
             live[lease_id] = expires_ms
             return True, len(live)
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
-        """Remove one lease (see ``LeaseStore``)."""
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
+        """Remove one lease (see ``LeaseStore``); an expired one is removed too, but answers
+        False: it had stopped counting at its expiry."""
         with self._lock:
             live = self._leases.get(key)
-            if live is None or live.pop(lease_id, None) is None:
+            if live is None:
                 return False
+            expires_ms = live.pop(lease_id, None)
             if not live:
                 del self._leases[key]
-            return True
+            return expires_ms is not None and expires_ms > now_ms
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (see ``LeaseStore``)."""
@@ -104,17 +124,41 @@ class MemoryLeases:
 
     def sweep(self, now_ms: int) -> int:
         """Drop every expired lease (and emptied key); returns how many leases went."""
-        dropped = 0
         with self._lock:
-            for key in list(self._leases):
-                live = self._leases[key]
-                expired = [i for i, exp in live.items() if exp <= now_ms]
-                for i in expired:
-                    del live[i]
-                dropped += len(expired)
-                if not live:
-                    del self._leases[key]
+            return self._sweep(list(self._leases), now_ms)
+
+    def _grew(self, now_ms: int) -> None:
+        """A key was added last (under the lock): bound the keys, and visit a few at the head."""
+        leases = self._leases
+        if len(leases) > self.max_keys:
+            leases.popitem(last=False)
+        head: list[str] = []
+        for key in leases:
+            if len(head) >= self.SWEEP_BUDGET or len(head) >= len(leases) - 1:
+                break  # never the key just added (it is last)
+            head.append(key)
+        self._sweep(head, now_ms)
+
+    def _sweep(self, keys: list[str], now_ms: int) -> int:
+        """Drop the expired leases of ``keys``; keys left empty go, the others to the end."""
+        dropped = 0
+        leases = self._leases
+        for key in keys:
+            live = leases[key]
+            dropped += _drop_expired(live, now_ms)
+            if live:
+                leases.move_to_end(key)
+            else:
+                del leases[key]
         return dropped
 
     def __len__(self) -> int:
+        """Keys holding leases (live, or expired and not yet swept)."""
         return len(self._leases)
+
+
+def _drop_expired(live: dict[str, int], now_ms: int) -> int:
+    expired = [i for i, exp in live.items() if exp <= now_ms]
+    for i in expired:
+        del live[i]
+    return len(expired)

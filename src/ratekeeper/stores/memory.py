@@ -7,8 +7,9 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
   touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` keys added) drops
   the rest (only added keys grow the store, so a write to a live key skips the bookkeeping);
 - leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
-  delegates to; a key's lease table is dropped when its last lease goes, and ``sweep()`` drops
-  leases that expired unreleased;
+  delegates to, bounded the same way: a key's lease table is dropped when its last lease goes,
+  leases that expired unreleased are swept a few keys at a time as keys are added (and all at
+  once by ``sweep()``), and at most ``max_keys`` keys hold leases;
 - at most ``max_keys`` entries: the least recently used (hit, rejected or peeked) is evicted
   first, so a flood of distinct keys cannot exhaust memory (an evicted key starts fresh — it
   fails open, never closed — but a key that keeps being rejected keeps being used, so a flood
@@ -43,10 +44,15 @@ class MemoryStore:
         self._added = 0
         self._data: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
-        self._leases = MemoryLeases()
+        self._leases = MemoryLeases(max_keys)
 
     def __len__(self) -> int:
         return len(self._data)
+
+    @property
+    def leases(self) -> MemoryLeases:
+        """The leases (``len(store.leases)``: keys holding leases)."""
+        return self._leases
 
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan under the lock."""
@@ -139,15 +145,21 @@ class MemoryStore:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
 
+    def ping(self) -> None:
+        """Always answers (in-process); here so every store can be checked the same way."""
+
+    async def ping_async(self) -> None:
+        """The same as ``ping``."""
+
     def acquire_lease(
         self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
     ) -> tuple[bool, int]:
         """Sweep, count and add one lease atomically (``LeaseStore``)."""
         return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
-        return self._leases.release_lease(key, lease_id)
+        return self._leases.release_lease(key, lease_id, now_ms)
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (``LeaseStore``)."""
@@ -159,9 +171,9 @@ class MemoryStore:
         """The same as ``acquire_lease``: nothing in it blocks."""
         return self._leases.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``."""
-        return self._leases.release_lease(key, lease_id)
+        return self._leases.release_lease(key, lease_id, now_ms)
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """The same as ``count_leases``."""

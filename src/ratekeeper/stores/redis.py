@@ -17,6 +17,9 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
   plain ``redis.asyncio.Redis``. Sync calls are never batched.
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
   are delegated to ``redis_leases`` over the same clients, prefix and batcher.
+- ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
+  nothing, so a wrong address would otherwise show only as degraded decisions); errors and
+  ``repr`` name the server by ``address`` (``host:port/db``), never its password.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from .layout import CompactLayout
 from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
-from .urls import check_url, redact, scrub
+from .urls import address, check_url, redact, scrub
 
 _R = TypeVar("_R", Retry, AsyncRetry)
 
@@ -69,6 +72,15 @@ def _retry(kind: type[_R]) -> _R:
     timeout: a timed-out script may have run, and waiting twice doubles the cost of a stalled
     Redis."""
     return kind(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+
+
+def client_address(client: Any) -> str:
+    """``host:port/db`` of a redis-py client (sync or asyncio), from its connection settings."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    host, port = kwargs.get("host", "?"), kwargs.get("port", 6379)
+    return f"{host}:{port}/{kwargs.get('db', 0)}"
 
 
 class RedisStore:
@@ -108,6 +120,7 @@ class RedisStore:
             ) from None
         self.client = client
         self.async_client = async_client
+        self.address = address(url) if url is not None else client_address(client or async_client)
         self.batcher: Batcher[Call, Result] | None = None
         if batching is not None and isinstance(async_client, redis.asyncio.Redis):
             self.batcher = Batcher(RedisPipeline(async_client, self.codec), batching)
@@ -121,7 +134,32 @@ class RedisStore:
         )
 
     def __repr__(self) -> str:
-        return f"RedisStore(prefix={self.prefix!r})"
+        return f"RedisStore({self.address!r}, prefix={self.prefix!r})"
+
+    def ping(self) -> None:
+        """Check the server answers; ``StoreUnavailable`` naming its address if not."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use ping_async")
+        try:
+            client.ping()
+        except (RedisError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+
+    async def ping_async(self) -> None:
+        """``ping`` on the asyncio client."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisStore has only a sync client; use ping")
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"redis at {self.address} does not answer: {type(exc).__name__}: {exc}"
+        )
 
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan with one script call (``reset``: one ``DEL``)."""
@@ -180,9 +218,9 @@ class RedisStore:
         """Sweep, count and add one lease in one script (``LeaseStore``)."""
         return self._sync_leases().acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (``LeaseStore``)."""
-        return self._sync_leases().release_lease(key, lease_id)
+        return self._sync_leases().release_lease(key, lease_id, now_ms)
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (``LeaseStore``)."""
@@ -195,9 +233,9 @@ class RedisStore:
         leases = self._aio_leases()
         return await leases.acquire_lease_async(key, lease_id, capacity, now_ms, expires_ms)
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio client."""
-        return await self._aio_leases().release_lease_async(key, lease_id)
+        return await self._aio_leases().release_lease_async(key, lease_id, now_ms)
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """The same as ``count_leases``, on the asyncio client."""

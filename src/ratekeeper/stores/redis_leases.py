@@ -93,9 +93,9 @@ class RedisLeases:
         ok, count = self._run(key, _acquire_args(lease_id, capacity, now_ms, expires_ms))
         return bool(ok), count
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (see ``LeaseStore``)."""
-        return bool(self._run(key, ("release", 0, lease_id))[0])
+        return bool(self._run(key, ("release", now_ms, lease_id))[0])
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (see ``LeaseStore``)."""
@@ -134,9 +134,9 @@ class AsyncRedisLeases:
         ok, count = await self._run(key, _acquire_args(lease_id, capacity, now_ms, expires_ms))
         return bool(ok), count
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease (see ``LeaseStore``)."""
-        return bool((await self._run(key, ("release", 0, lease_id)))[0])
+        return bool((await self._run(key, ("release", now_ms, lease_id)))[0])
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` (see ``LeaseStore``)."""

@@ -42,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..algorithms import Outcome
 from ..errors import ConfigError
 from ..plan import Plan
-from .base import AsyncStore, KeyPartitioned, Partitioned, Store
+from .base import AsyncPingable, AsyncStore, KeyPartitioned, Partitioned, Pingable, Store
 from .leases import AsyncLeaseStore, LeaseStore
 
 log = logging.getLogger("ratekeeper")
@@ -300,12 +300,12 @@ class RolloutStore:
         result: tuple[bool, int] = owner.acquire_lease(key, lease_id, capacity, now_ms, expires_ms)
         return result
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease where it is: the owner now, else the other store (``LeaseStore``)."""
         owner, other = self._lease_store(key, "leases")
-        if owner.release_lease(key, lease_id):
+        if owner.release_lease(key, lease_id, now_ms):
             return True
-        return bool(other.release_lease(key, lease_id))
+        return bool(other.release_lease(key, lease_id, now_ms))
 
     def count_leases(self, key: str, now_ms: int) -> int:
         """Live leases of ``key`` on the store that holds it (``LeaseStore``)."""
@@ -322,12 +322,12 @@ class RolloutStore:
         )
         return result
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the async paths."""
         owner, other = self._lease_store(key, "async leases")
-        if await owner.release_lease_async(key, lease_id):
+        if await owner.release_lease_async(key, lease_id, now_ms):
             return True
-        return bool(await other.release_lease_async(key, lease_id))
+        return bool(await other.release_lease_async(key, lease_id, now_ms))
 
     async def count_leases_async(self, key: str, now_ms: int) -> int:
         """The same as ``count_leases``, on the async paths."""
@@ -335,6 +335,19 @@ class RolloutStore:
         return int(await owner.count_leases_async(key, now_ms))
 
     # ------------------------------------------------------------------ lifetime
+
+    def ping(self) -> None:
+        """Check both stores answer (``Pingable``); ``StoreUnavailable`` naming the one that
+        does not."""
+        for store in (self.old, self.new):
+            if isinstance(store, Pingable):
+                store.ping()
+
+    async def ping_async(self) -> None:
+        """``ping`` on the async paths."""
+        for store in (self.old, self.new):
+            if isinstance(store, AsyncPingable):
+                await store.ping_async()
 
     def close(self) -> None:
         """Close both stores' sync connections."""

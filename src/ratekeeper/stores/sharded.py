@@ -110,6 +110,8 @@ class _Node:
             self.primary = store(client=clients.primary, async_client=clients.async_primary)
             # one store over Sentinel's replicas: redis-py picks one per connection
             replicas = store(client=clients.replicas, async_client=clients.async_replicas)
+            self.primary.address = f"{shard.name} primary"  # Sentinel names the server
+            replicas.address = f"{shard.name} replicas"
             self.replicas: tuple[RedisStore, ...] = (replicas,)
         else:
             self.primary = store(shard.url)
@@ -213,11 +215,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    def release_lease(self, key: str, lease_id: str) -> bool:
+    def release_lease(self, key: str, lease_id: str, now_ms: int) -> bool:
         """Remove one lease on the owning shard's primary (``LeaseStore``)."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return node.primary.release_lease(key, lease_id)
+            return node.primary.release_lease(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -241,11 +243,11 @@ class ShardedRedisStore:
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
-    async def release_lease_async(self, key: str, lease_id: str) -> bool:
+    async def release_lease_async(self, key: str, lease_id: str, now_ms: int) -> bool:
         """The same as ``release_lease``, on the asyncio clients."""
         node = self._nodes[self.partition_key(key)]
         try:
-            return await node.primary.release_lease_async(key, lease_id)
+            return await node.primary.release_lease_async(key, lease_id, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -256,6 +258,25 @@ class ShardedRedisStore:
             return await node.primary.count_leases_async(key, now_ms)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
+
+    def ping(self) -> None:
+        """Check every server (primaries and replicas) answers; ``StoreUnavailable`` naming
+        the shard and server that does not."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                try:
+                    store.ping()
+                except StoreUnavailable as exc:
+                    raise _unavailable(node, exc) from exc
+
+    async def ping_async(self) -> None:
+        """``ping`` on the asyncio clients."""
+        for node in self._nodes:
+            for store in (node.primary, *node.replicas):
+                try:
+                    await store.ping_async()
+                except StoreUnavailable as exc:
+                    raise _unavailable(node, exc) from exc
 
     def close(self) -> None:
         """Close every sync client's connections."""

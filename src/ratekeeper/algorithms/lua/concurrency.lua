@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the sorted set: member = lease id, score = epoch ms at which the lease expires
 -- ARGV[1]  op: "acquire" | "release" | "count"
--- ARGV[2]  now_ms      epoch ms by the caller's clock (acquire, count)
+-- ARGV[2]  now_ms      epoch ms by the caller's clock (acquire, release, count)
 -- ARGV[3]  lease id    (acquire, release)
 -- ARGV[4]  capacity    most live leases (acquire)
 -- ARGV[5]  expires_ms  epoch ms at which the new lease expires (acquire)
@@ -10,7 +10,8 @@
 --
 -- acquire: drop expired leases, count the rest, add the new one if count < capacity; the
 --          sweep, the check and the add are one atomic step. Reply {acquired 0|1, live count}.
--- release: ZREM the lease. Reply {removed 0|1, live members left}.
+-- release: ZREM the lease. Reply {1 if it was live (score > now_ms) else 0, members left}:
+--          an expired lease is removed too, but had already stopped counting.
 -- count:   live leases (score > now_ms), writing nothing. Reply {0, count}.
 local key = KEYS[1]
 local op = ARGV[1]
@@ -30,8 +31,13 @@ if op == "acquire" then
   end
   return {1, count + 1}
 elseif op == "release" then
-  local removed = redis.call("ZREM", key, ARGV[3])
-  return {removed, redis.call("ZCARD", key)}
+  local score = redis.call("ZSCORE", key, ARGV[3])
+  local live = 0
+  if score and tonumber(score) > tonumber(ARGV[2]) then
+    live = 1
+  end
+  redis.call("ZREM", key, ARGV[3])
+  return {live, redis.call("ZCARD", key)}
 elseif op == "count" then
   return {0, redis.call("ZCOUNT", key, "(" .. ARGV[2], "+inf")}
 end

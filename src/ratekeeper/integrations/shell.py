@@ -1,0 +1,138 @@
+"""What the FastAPI and Flask shells share: their options, the decorators, and options given in
+code resolved against the framework's settings (code wins)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..clock import Clock
+from ..metrics.core import Metrics
+from ..middleware.checks import ChargeWhen, Check, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.request import KeyFunc, PriorityFunc, client_ip
+from .routes import Limit, RouteTable, as_limits
+from .settings import Settings
+
+F = TypeVar("F")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Options for one app: the default limits, key and algorithm of its routes, and the
+    keyword arguments of its middleware."""
+
+    default: tuple[Limit, ...]
+    key: KeyFunc
+    algorithm: str
+    middleware: dict[str, Any]
+
+
+class Shell:
+    """Options and decorators of a framework's ``RouteLimits``.
+
+    ``default``: limits for every route without its own (a rate, a stack, or a list);
+    ``key``: the default key function (the client's IP, believing ``X-Forwarded-For`` only
+    from ``trusted_proxies``); ``algorithm``: of limits that name none; ``checks``: app-wide
+    checks run before routing for every request (load shedding, concurrency); ``exempt``:
+    paths no check sees; ``charge_when(status)``: which responses are charged (default: all
+    but 304); ``on_breach``: builds the response to a rejection (the framework says with what
+    arguments). ``store``, ``clock``, ``controls``, ``priority``, ``log_interval`` and
+    ``metrics`` are ``RateLimitMiddleware``'s. ``None`` means: from the framework's settings,
+    else the default.
+    """
+
+    def __init__(
+        self,
+        *,
+        default: str | Limit | Iterable[str | Limit] | None = None,
+        key: KeyFunc | None = None,
+        algorithm: str | None = None,
+        trusted_proxies: Iterable[str] | None = None,
+        checks: Iterable[Check] = (),
+        store: Any = None,
+        clock: Clock = time.time,
+        controls: Controls | None = None,
+        exempt: Iterable[str] = (),
+        priority: PriorityFunc | None = None,
+        charge_when: ChargeWhen | None = None,
+        on_breach: Callable[..., Any] | None = None,
+        log_interval: float = 60.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.table = RouteTable()
+        self.on_breach = on_breach
+        self.serial = itertools.count(1)
+        """Numbers for limits that have neither a name nor a decorated view (dependencies)."""
+        self._default = None if default is None else as_limits(default)
+        self._key = key
+        self._algorithm = algorithm
+        self._trusted_proxies = None if trusted_proxies is None else tuple(trusted_proxies)
+        self._own_controls = controls is not None
+        self.controls = Controls(clock=clock) if controls is None else controls
+        self._middleware_options: dict[str, Any] = {
+            "checks": list(checks),
+            "store": store,
+            "clock": clock,
+            "controls": self.controls,
+            "exempt": exempt,
+            "priority": priority,
+            "charge_when": charge_when,
+            "log_interval": log_interval,
+            "metrics": metrics,
+        }
+
+    def resolve(self, settings: Settings) -> Resolved:
+        """This shell's options for an app with ``settings``."""
+        default = settings.default if self._default is None else self._default
+        algorithm = self._algorithm or settings.strategy
+        proxies = self._trusted_proxies
+        key = self._key or client_ip()  # behind the middleware's trusted proxies
+        for limit in default:
+            limit.bind("default", key, algorithm)  # an option that does not fit fails now
+        if not self._own_controls:
+            self.controls.default = settings.mode
+        middleware = dict(self._middleware_options)
+        middleware["trusted_proxies"] = settings.trusted_proxies if proxies is None else proxies
+        if middleware["store"] is None:
+            middleware["store"] = settings.store()
+        return Resolved(default, key, algorithm, middleware)
+
+    def limit(
+        self,
+        rate: RateSpec | RateFunc,
+        *,
+        key: KeyFunc | None = None,
+        cost: int | CostFunc = 1,
+        algorithm: str | None = None,
+        burst: int | None = None,
+        buckets: int | None = None,
+        methods: Iterable[str] = (),
+        charge_when: ChargeWhen | None = None,
+        override_defaults: bool = True,
+    ) -> Callable[[F], F]:
+        """Decorate a view (or a group of views) with a limit counted per route. ``rate`` may
+        be a function of the request returning the rate, or None for no limit."""
+        limit = Limit(
+            rate, key, None, algorithm, burst, buckets, cost, tuple(methods), charge_when,
+            override_defaults,
+        )  # fmt: skip
+        return self.decorator(self.table.mark(limit))
+
+    def shared_limit(
+        self, rate: RateSpec | RateFunc, name: str, **options: Any
+    ) -> Callable[[F], F]:
+        """A limit named ``name``: one counter for every view it decorates (the options of
+        ``limit``)."""
+        return self.decorator(self.table.mark(Limit(rate, name=name, **options)))
+
+    def decorator(self, mark: Callable[[F], F]) -> Callable[[F], F]:
+        """What ``limit`` and ``shared_limit`` return, given the decorator that marks a view:
+        that decorator itself, unless a framework needs more."""
+        return mark
+
+    def exempt(self, target: F) -> F:
+        """Free a view (or a group of views) from the default limits."""
+        return self.table.exempt(target)

@@ -1,0 +1,282 @@
+"""A gate's store operations carried out: ``Runner`` (sync limiters) and ``AsyncRunner`` (async).
+
+What the ASGI and WSGI middleware and the framework integrations drive: ``admit`` walks a
+request's checks (all of the gate's, or a route's positions) into its admission, failing open
+on any error; ``finish`` runs the refunds and releases that end it.
+
+Cut short (a ``BaseException``: asyncio or anyio cancellation when the client goes away, an
+outer timeout, shutdown; a gevent timeout, ``KeyboardInterrupt``), ``admit`` ends the admission
+with ``Gate.abort`` — what it was granted is refunded and released — before the exception goes
+on. On asyncio each store call of the admission runs as a shielded task, so the call in flight
+completes and what it granted is given back too; a store without I/O (``LocalStore``: the
+memory store) is never suspended mid-call, so its calls run inline. A sync store call
+interrupted mid-flight cannot say what it granted: such a lease expires after its
+``lease_ttl``. One ``_dispatch`` maps an
+``Op`` to a limiter call for both: the sync runner returns its result, the async one awaits it,
+so the two differ only where ``await`` appears. Several runners may share one gate (Django
+serves sync and async requests in one process); each builds its limiters on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from ..clock import Clock
+from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..limiter import AsyncLimiter, Limiter, store_name
+from ..metrics.core import Metrics
+from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
+from ..stores.base import LocalStore
+from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
+from .gate import Admission, Failure, Gate, Op, run, run_async
+from .request import RequestInfo
+from .responses import Rejection
+
+_Lease = TypeVar("_Lease")
+_Fleet = TypeVar("_Fleet")
+
+
+class _ByPosition(dict[int, Any]):
+    """Live objects per check position, built on first use (checks can be added later)."""
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, position: int) -> Any:
+        value = self[position] = self._build(position)
+        return value
+
+
+def split_checks(
+    checks: Sequence[Check],
+    store: Any,
+    clock: Clock,
+    lease_class: Callable[..., _Lease],
+    fleet_class: Callable[..., _Fleet],
+    metrics: Metrics | None = None,
+) -> tuple[dict[int, RateCheck], dict[int, _Lease], dict[int, _Fleet]]:
+    """Index checks by position: rate configs, and one limiter per lease-based check, built on
+    ``store`` (also a lease store when such checks exist; the limiters check that).
+
+    ``checks`` is the gate's live list: the maps look a position up there on first use, so a
+    check added after the middleware was built works too. The checks present now are built at
+    once, so a store that cannot hold leases fails at startup. The two runners pass their
+    async or sync classes, whose constructors match. ``metrics`` watches the lease limiters'
+    breakers.
+    """
+
+    def watch(limiter: Any) -> None:
+        if metrics is not None:
+            metrics.watch_breakers(limiter.breaker_states, store_name(store), "lease")
+
+    def rate(position: int) -> RateCheck:
+        c = checks[position]
+        if not isinstance(c, RateCheck):
+            raise KeyError(position)
+        return c
+
+    def lease(position: int) -> _Lease:
+        c = checks[position]
+        if not isinstance(c, ConcurrencyCheck):
+            raise KeyError(position)
+        limiter = lease_class(store, c.capacity, c.lease_ttl, clock=clock)
+        watch(limiter)
+        return limiter
+
+    def fleet(position: int) -> _Fleet:
+        c = checks[position]
+        if not isinstance(c, FleetCheck):
+            raise KeyError(position)
+        shedder = fleet_class(
+            store, c.capacity, c.reserved_for_critical, c.lease_ttl, key=c.name, clock=clock
+        )
+        watch(getattr(shedder, "limiter", None))  # both shedder classes have one
+        return shedder
+
+    rates, leases, fleets = _ByPosition(rate), _ByPosition(lease), _ByPosition(fleet)
+    for i, c in enumerate(checks):  # now: a store that cannot hold leases fails at startup
+        if isinstance(c, ConcurrencyCheck):
+            leases[i] = lease(i)
+        elif isinstance(c, FleetCheck):
+            fleets[i] = fleet(i)
+    return rates, leases, fleets
+
+
+class _Base:
+    """The limiters of one runner and the mapping from operations to their calls."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        store: Any,
+        clock: Clock,
+        limiter_class: Callable[..., Any],
+        lease_class: Callable[..., Any],
+        fleet_class: Callable[..., Any],
+    ) -> None:
+        self.gate = gate
+        self.store = store
+        metrics = gate.metrics  # the gate counts decisions: the limiter only times store calls
+        self.limiter = limiter_class(store, clock=clock, metrics=metrics, count_decisions=False)
+        self._rates, self._leases, self._fleets = split_checks(
+            gate.checks, store, clock, lease_class, fleet_class, metrics
+        )
+
+    def _ending(self, adm: Admission, status: int | None) -> list[Op]:
+        """The gate's refunds and releases for ``adm``; an error (a bug, a charge predicate
+        that raised) is logged and ends nothing: the response is already on its way."""
+        try:
+            return self.gate.finish(adm, status)
+        except Exception as exc:
+            self.gate.failed_open("ratekeeper", exc, count=False)
+            return []
+
+    def _dispatch(self, op: Op) -> Any:
+        """The limiter call for ``op``: its result (sync) or an awaitable of it (async)."""
+        kind = op.kind
+        if kind == "hit" or kind == "refund":
+            c = self._rates[op.position]
+            call = self.limiter.hit if kind == "hit" else self.limiter.refund
+            return call(
+                op.key, op.rate, algorithm=c.algorithm, cost=op.cost, burst=c.burst,
+                buckets=c.buckets,
+            )  # fmt: skip
+        if kind == "acquire":
+            return self._leases[op.position].acquire(op.key)
+        if kind == "admit":
+            return self._fleets[op.position].admit(op.critical)
+        holder = self._leases.get(op.position) or self._fleets[op.position]
+        return holder.release(op.lease)
+
+
+class Runner(_Base):
+    """Sync: ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageShedder`` over ``store``."""
+
+    def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
+        super().__init__(gate, store, clock, Limiter, ConcurrencyLimiter, FleetUsageShedder)
+
+    def execute(self, op: Op) -> Any:
+        """Carry out one operation."""
+        return self._dispatch(op)
+
+    def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Rejection | None:
+        """Walk the checks (``positions``, default the gate's ``every``) into ``adm``; return
+        the rejection, if any. An error lets the request through (counted, logged)."""
+        if adm.rejection is not None:
+            return adm.rejection
+        if not (self.gate.every if positions is None else positions):
+            self.gate.enter(request, adm)  # nothing to walk: no flow to run
+            return None
+        try:
+            run(self.gate.admit(request, adm, positions), self._dispatch)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        except BaseException:  # interrupted (module docstring): give back what was granted
+            self._run_ops(self.gate.abort(adm))
+            raise
+        return adm.rejection
+
+    def finish(self, adm: Admission, status: int | None) -> None:
+        """Refund and release what ends the request (once); failures are logged."""
+        self._run_ops(self._ending(adm, status))
+
+    def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
+            try:
+                self._dispatch(op)
+            except Exception as exc:
+                self.gate.finish_failed(op, exc)
+
+
+class AsyncRunner(_Base):
+    """Async: ``AsyncLimiter``, ``AsyncConcurrencyLimiter`` and ``AsyncFleetUsageShedder``."""
+
+    def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
+        super().__init__(
+            gate, store, clock, AsyncLimiter, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+        )
+        self._inline = isinstance(store, LocalStore)
+
+    async def execute(self, op: Op) -> Any:
+        """Carry out one operation."""
+        return await self._dispatch(op)
+
+    async def admit(
+        self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None
+    ) -> Rejection | None:
+        """Walk the checks (``positions``, default the gate's ``every``) into ``adm``; return
+        the rejection, if any. An error lets the request through (counted, logged)."""
+        if adm.rejection is not None:
+            return adm.rejection
+        if not (self.gate.every if positions is None else positions):
+            self.gate.enter(request, adm)  # nothing to walk: no flow to run
+            return None
+        flight: list[tuple[Op, asyncio.Future[Any]]] = []
+        execute: Callable[[Op], Awaitable[Any]] = self._dispatch
+        if not self._inline and _on_asyncio():
+
+            async def execute(op: Op) -> Any:
+                task = asyncio.ensure_future(self._dispatch(op))
+                flight.append((op, task))
+                result = await asyncio.shield(task)
+                flight.clear()
+                return result
+
+        try:
+            await run_async(self.gate.admit(request, adm, positions), execute)
+        except Exception as exc:  # a bug in ratekeeper must not take the API down
+            self.gate.failed_open("ratekeeper", exc)
+        except BaseException:  # cancelled (module docstring): give back what was granted
+            await _shielded(self._abort(adm, flight))
+            raise
+        return adm.rejection
+
+    async def _abort(self, adm: Admission, flight: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        op = result = None
+        if flight:  # the store call in flight goes on: wait for what it granted
+            op, task = flight[0]
+            try:
+                result = await task
+            except Exception as exc:
+                result = Failure(exc)
+            except BaseException:  # the call itself was cancelled: it granted nothing we know
+                result = None
+        await self._run_ops(self.gate.abort(adm, op, result))
+
+    async def finish(self, adm: Admission, status: int | None) -> None:
+        """Refund and release what ends the request (once); failures are logged. Shielded on
+        asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
+        would be cancelled again before the lease is released or the charge refunded."""
+        ops = self._ending(adm, status)
+        if ops:
+            await _shielded(self._run_ops(ops))
+
+    async def _run_ops(self, ops: list[Op]) -> None:
+        for op in ops:
+            try:
+                await self._dispatch(op)
+            except Exception as exc:
+                self.gate.finish_failed(op, exc)
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _shielded(work: Coroutine[Any, Any, None]) -> None:
+    """Await ``work`` shielded from cancellation: inside a cancelled task or anyio scope (client
+    gone), an unshielded await would be cancelled again before the lease is released or the
+    charge refunded. Not asyncio (trio): no shield to use."""
+    if _on_asyncio():
+        await asyncio.shield(work)
+    else:
+        await work

@@ -1,0 +1,226 @@
+"""What a replay enforces: middleware checks or the service's policies, run by their own code.
+
+- ``ChecksTarget``: ``RateCheck``s (from ``module:attribute`` or built on the command line) run
+  by ``WSGIRateLimitMiddleware``'s gate and executor over a ``MemoryStore``, each log line as
+  one request (a ``RequestInfo`` of its fields), finished with its logged status (so a 304 is
+  refunded as in production). Concurrency and shedding checks depend on live load and on how
+  long requests take, which a log does not hold: they are left out and named in the report.
+- ``CandidatesTarget``: limits given on the command line (``--limit name=rate``), each keyed by
+  one field and decided by ``Limiter.hit`` on every request — the call the middleware and the
+  service make for one rate check — side by side, so candidates can be compared.
+- ``ServiceTarget``: the service's ``Engine`` and its Envoy front (policies, Envoy domains
+  with upstream's semantics, shadow and over-limit cache included) over an ``AsyncLimiter``
+  on a ``MemoryStore``; policy keys and descriptor entries come from log fields. Its
+  coroutines never wait on a memory store, so each is run to completion with one ``send``
+  instead of an event loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+from ..clock import ManualClock
+from ..errors import ConfigError
+from ..middleware.checks import Check, Controls, RateCheck
+from ..middleware.gate import Admission, run
+from ..middleware.request import RequestInfo
+from ..middleware.wsgi import WSGIRateLimitMiddleware
+from ..stores.memory import MemoryStore
+from .logs import Entry
+from .stats import LimitStats, Recorder
+
+UNBOUNDED = sys.maxsize
+
+
+def request_of(fields: Mapping[str, str]) -> RequestInfo:
+    """A log line as a request: headers are looked up as fields (``X-Api-Key`` reads the
+    field ``x-api-key`` or ``x_api_key``); ``raw`` is the fields."""
+
+    def header(name: str) -> str | None:
+        low = name.lower()
+        return fields.get(low) or fields.get(low.replace("-", "_"))
+
+    return RequestInfo(
+        fields.get("method", "GET"),
+        fields.get("path", "/"),
+        fields.get("ip"),
+        fields.get("user"),
+        header,
+        fields,
+    )
+
+
+def load_checks(spec: str) -> list[Check]:
+    """``module:attribute``: a list of checks, or a function returning one."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"checks {spec!r} are invalid; expected module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for --checks: {exc}") from None
+    value = getattr(module, attr, None)
+    if value is None:
+        raise ConfigError(f"{module_name!r} has no attribute {attr!r} (--checks {spec})")
+    if callable(value) and not isinstance(value, RateCheck):
+        value = value()
+    return list(value)
+
+
+class ChecksTarget:
+    """Middleware checks through the WSGI middleware's own gate (see the module docstring)."""
+
+    def __init__(self, checks: Sequence[Check], clock: ManualClock, mode: str) -> None:
+        self.rate_checks = [c for c in checks if isinstance(c, RateCheck)]
+        self.left_out = [c.name for c in checks if not isinstance(c, RateCheck)]
+        if not self.rate_checks:
+            raise ConfigError("no RateCheck to simulate among the checks given")
+        self.limits = {
+            c.name: LimitStats(c.name, _rates(c.rate), c.algorithm, c.buckets)
+            for c in self.rate_checks
+        }
+        self.clock = clock
+        self.recorder = Recorder(self.limits, clock)
+        self.middleware = WSGIRateLimitMiddleware(
+            _no_app, self.rate_checks, store=MemoryStore(max_keys=UNBOUNDED), clock=clock,
+            controls=Controls(default=mode, clock=clock), metrics=self.recorder,
+        )  # fmt: skip
+        self._demand = [(c, self.limits[c.name]) for c in self.rate_checks]
+
+    def decide(self, entry: Entry, now_ms: int) -> None:
+        request = request_of(entry.fields)
+        mw = self.middleware
+        gate = mw.gate
+        adm = Admission()
+        run(gate.admit(request, adm), mw.execute)
+        status = entry.fields.get("status")
+        for op in gate.finish(adm, int(status) if status and status.isdigit() else 200):
+            mw.execute(op)
+        for check, stats in self._demand:
+            if check.where.applies(request):
+                key = check.key(request)
+                if key is not None:
+                    stats.wanted(key, now_ms, check.cost_of(request))
+
+
+class CandidatesTarget:
+    """Candidate limits side by side, each decided by ``Limiter.hit`` on every request."""
+
+    def __init__(
+        self, limits: Mapping[str, str], field: str, algorithm: str, clock: ManualClock
+    ) -> None:
+        from ..limiter import Limiter
+        from ..plan import make_policy
+
+        self.field = field
+        self.left_out: list[str] = []
+        self.clock = clock
+        self.limits: dict[str, LimitStats] = {}
+        self._runs = []
+        for name, rate in limits.items():
+            policy = make_policy(rate, algorithm, None, None)  # names a bad rate or algorithm
+            self.limits[name] = LimitStats(name, policy.rates, algorithm)
+            limiter = Limiter(MemoryStore(max_keys=UNBOUNDED), clock=clock)
+            self._runs.append((limiter.hit, rate, algorithm, self.limits[name]))
+
+    def decide(self, entry: Entry, now_ms: int) -> None:
+        key = entry.fields.get(self.field)
+        if not key:
+            return
+        now = entry.time
+        for hit, rate, algorithm, stats in self._runs:
+            d = hit(key, rate, algorithm=algorithm)
+            stats.decided("allowed" if d.allowed else "rejected", key, now)
+            stats.wanted(key, now_ms, 1)
+
+
+class ServiceTarget:
+    """The service's engine over a memory store (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Any,
+        keys: Mapping[str, str],
+        descriptors: Mapping[str, Sequence[tuple[str, str]]],
+        clock: ManualClock,
+    ) -> None:
+        from ..limiter import AsyncLimiter
+        from ..service.engine import Engine, envoy_key
+        from ..service.envoy import Descriptor, Envoy
+        from ..service.metrics import Metrics as ServiceMetrics
+
+        self._envoy_key = envoy_key
+        self._descriptor = Descriptor
+        for name in keys:
+            if name not in config.policies:
+                raise ConfigError(f"--key {name}=...: no rate policy {name!r} in the config")
+        for domain in descriptors:
+            if domain not in config.domains:
+                raise ConfigError(f"--descriptor {domain}=...: no domain {domain!r} in the config")
+        if not keys and not descriptors:
+            raise ConfigError(
+                "say which log field keys which policy: --key POLICY=FIELD or "
+                "--descriptor DOMAIN=KEY:FIELD,..."
+            )
+        self.keys = dict(keys)
+        self.descriptors = {d: list(e) for d, e in descriptors.items()}
+        self.left_out = sorted(config.concurrency)
+        self.limits: dict[str, LimitStats] = {}
+        for name, spec in config.policies.items():
+            self.limits[name] = LimitStats(name, spec.policy.rates, spec.algorithm, spec.buckets)
+        self.clock = clock
+        limits = self.limits
+
+        class _Recording(ServiceMetrics):
+            def decision(self, policy: str, outcome: str, key: str | None = None) -> None:
+                super().decision(policy, outcome, key)
+                stats = limits.get(policy)
+                if stats is not None:
+                    stats.decided(outcome, key, clock())
+
+        limiter = AsyncLimiter(MemoryStore(max_keys=UNBOUNDED), clock=clock)
+        metrics = _Recording()
+        self.engine = Engine(config, limiter, metrics, clock)
+        self.envoy = Envoy(self.engine, metrics.envoy)
+
+    def decide(self, entry: Entry, now_ms: int) -> None:
+        fields = entry.fields
+        engine = self.engine
+        for name, field_name in self.keys.items():
+            key = fields.get(field_name)
+            if key:
+                _complete(engine.hit(engine.spec(name), key, 1))
+                self.limits[name].wanted(key, now_ms, 1)
+        for domain, mapping in self.descriptors.items():
+            entries = tuple((k, fields[f]) for k, f in mapping if fields.get(f))
+            if not entries:
+                continue
+            answer = _complete(self.envoy.should_rate_limit(domain, [self._descriptor(entries)], 1))
+            for status in answer.statuses:
+                result = status.result
+                if result is not None and result.policy in self.limits:
+                    key = self._envoy_key(domain, entries)
+                    self.limits[result.policy].wanted(key, now_ms, 1)
+
+
+def _complete(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never waits (the engine on a memory store) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a simulated decision waited on I/O; only the memory store is simulated")
+
+
+def _rates(rate: Any) -> tuple[Any, ...]:
+    from ..rates import to_rates
+
+    return to_rates(rate)
+
+
+def _no_app(environ: Any, start_response: Callable[..., Any]) -> list[bytes]:
+    return []
