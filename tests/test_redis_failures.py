@@ -182,7 +182,7 @@ def test_async_calls_in_flight_on_a_stopped_redis_time_out_and_fail_open(
     assert (store.batcher is not None) is batched
 
     async def run() -> tuple[list[bool], dict[str, Any], float, bool]:
-        limiter = AsyncLimiter(store, clock=clock)
+        limiter = AsyncLimiter(store, clock=clock, monotonic=clock)
         await limiter.hit("warm", "10/minute")
         fresh_redis.pause()
         try:

@@ -35,7 +35,7 @@ from ratekeeper.stores.layout import CompactLayout
 from tests import redis_servers as rs
 from tests.conftest import REQUIRE_REDIS, _need_redis
 from tests.redis_tls import OPENSSL, TLSRedisServer, make_certs
-from tests.service.proc import ServiceProcess
+from tests.service.proc import ServiceProcess, run_serve
 
 USER = "ratekeeper"
 PASSWORD = "s3cr3t-p@ss:w/rd"  # characters that need percent-encoding in a URL
@@ -210,7 +210,9 @@ def test_the_service_never_shows_the_password(tls_server: TLSRedisServer, tmp_pa
         f"store:\n  url: {shlex.quote(wrong)}\n  socket_timeout: 1\n"
         "policies:\n  api:\n    rate: 5/minute\n"
     )
-    proc = ServiceProcess(config, grpc=False)
+    refused = run_serve("--config", str(config), "--no-grpc", "--port", "0", "--store-wait", "0.5")
+    assert refused.returncode != 0 and "does not answer" in refused.stderr  # checked at start
+    proc = ServiceProcess(config, grpc=False, extra=("--start-degraded", "--store-wait", "0.5"))
     try:
         with httpx.Client(base_url=proc.url, timeout=10) as http:
             hits = [http.post("/v1/hit", json={"policy": "api", "key": "k"}) for _ in range(5)]
@@ -221,7 +223,7 @@ def test_the_service_never_shows_the_password(tls_server: TLSRedisServer, tmp_pa
         logs = proc.stop()
     assert health.status_code == 503
     assert "store" in logs and "failed" in logs  # the failure was logged
-    for text in (health.text, metrics, logs, proc.banner):
+    for text in (health.text, metrics, logs, proc.banner, refused.stderr, refused.stdout):
         assert secret_free(text), text
 
 

@@ -35,7 +35,7 @@ IN_SCRIPTS = (
     # sliding_log (lists)
     "llen", "lindex", "rpush", "linsert", "ltrim", "rpop",
     # leases (sorted sets)
-    "zadd", "zcard", "zcount", "zrem", "zremrangebyscore",
+    "zadd", "zcard", "zcount", "zrem", "zremrangebyscore", "zscore",
     # TTLs (leases, sliding_log, the compact layout's hashes)
     "pttl", "pexpire",
 )  # fmt: skip
