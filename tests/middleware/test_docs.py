@@ -16,7 +16,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def test_fastapi_example(redis_url: str) -> None:
-    source = BLOCKS[0].replace("redis://127.0.0.1:6379/0", redis_url)
+    # the test server, with room for a loaded machine: a 50 ms timeout would fail open and
+    # answer without headers, which is not what this example is about
+    source = BLOCKS[0].replace(
+        'RedisStore("redis://127.0.0.1:6379/0")', f'RedisStore("{redis_url}", socket_timeout=5)'
+    )
+    assert redis_url in source
     namespace: dict[str, Any] = {}
     exec(compile(source, "fastapi-example", "exec"), namespace)
     with TestClient(namespace["app"], client=("10.1.1.1", 1)) as client:
@@ -35,3 +40,23 @@ def test_flask_example() -> None:
     assert response.status_code == 200
     assert response.headers["X-RateLimit-Resource"] == "per-ip"
     assert response.headers["RateLimit-Policy"].startswith('"per-ip.10/1s";q=10;w=1')
+
+
+def test_overload_example() -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(BLOCKS[2], "overload-example", "exec"), namespace)
+    with TestClient(namespace["app"]) as client:
+        assert client.get("/reports").status_code == 200
+        assert client.post("/charges").status_code == 200
+
+
+def test_signals_example() -> None:
+    from ratekeeper.middleware import WorkerCheck
+    from ratekeeper.signals import Worst
+
+    namespace: dict[str, Any] = {}
+    exec(compile(BLOCKS[3], "signals-example", "exec"), namespace)
+    check = namespace["check"]
+    assert isinstance(check, WorkerCheck) and check.queue_delay is namespace["delay"]
+    assert isinstance(check.shedder.utilization, Worst)
+    assert 0 <= check.shedder.utilization() <= 1
