@@ -72,6 +72,8 @@ ENVOY_UNITS = {
 """Envoy's units in seconds; a month is 30 days and a year 365, as envoyproxy/ratelimit counts."""
 DEFAULT_MAX_KEY_LENGTH = 512
 MAX_KEY_LENGTH_LIMIT = 65_536
+OVER_LIMIT_STATUSES = (200, 429)
+"""What ``/v1/hit`` may answer a request over its limit with (``limits.over_limit_status``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,8 @@ class ServiceConfig:
     envoy: EnvoySettings = field(default_factory=EnvoySettings)
     warnings: tuple[str, ...] = ()
     """``file:line: message`` for keys accepted but without effect (as upstream ignores them)."""
+    over_limit_status: int = 200
+    """The HTTP status of ``/v1/hit`` when the answer is ``allowed: false``."""
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -191,6 +195,7 @@ class _Builder:
         self.auth_line = 0
         self.max_key_length = DEFAULT_MAX_KEY_LENGTH
         self.local_cache = True
+        self.over_limit_status = 200
         self.envoy = EnvoySettings()
         self.settings_file = ""
         self.policies: dict[str, PolicySpec] = {}
@@ -220,6 +225,7 @@ class _Builder:
             dict(self.concurrency),
             self.envoy,
             tuple(self.warnings),
+            self.over_limit_status,
         )
 
     def read_settings(self, path: str, doc: Map) -> None:
@@ -279,7 +285,7 @@ class _Builder:
 
     def _limits(self, limits: Map) -> None:
         with self.guard():
-            _no_unknown(limits, {"max_key_length", "local_cache"}, "limits")
+            _no_unknown(limits, {"max_key_length", "local_cache", "over_limit_status"}, "limits")
         if "max_key_length" in limits:
             with self.guard():
                 self.max_key_length = _int(
@@ -294,6 +300,17 @@ class _Builder:
                 self.local_cache = _bool(
                     limits["local_cache"], limits.lines["local_cache"], "limits.local_cache"
                 )
+        if "over_limit_status" in limits:
+            status = limits["over_limit_status"]
+            if isinstance(status, bool) or status not in OVER_LIMIT_STATUSES:
+                self.problems.add(
+                    Problem(
+                        limits.lines["over_limit_status"],
+                        f"limits.over_limit_status {status!r} must be 200 or 429",
+                    )
+                )
+            else:
+                self.over_limit_status = status
 
     def _add_policy(self, path: str, name: str, body: Any, line: int) -> None:
         if name in self.policy_files:
