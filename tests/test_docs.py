@@ -17,7 +17,10 @@
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import inspect
+import json
 import os
 import re
 import shutil
@@ -323,3 +326,73 @@ def serve(command: str, cwd: Path, env: dict[str, str]) -> ServiceProcess:
         else:
             args += [flag, "0"]
     return ServiceProcess(argv=args, cwd=cwd, env=env)
+
+
+# --- the reference page -----------------------------------------------------------------------
+
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
+
+
+CODE_SPANS = re.findall(r"`([^`\n]+)`", REFERENCE)
+
+
+def _named(name: str) -> bool:
+    """``name`` is a word of some code on the reference page (`name`, `f(name=1)`, ...)."""
+    word = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
+    return any(word.search(span) for span in CODE_SPANS)
+
+
+def _parameters(obj: object) -> list[str]:
+    skip = {"self", "app", "args", "kwargs", "breaker"}
+    return [p for p in inspect.signature(obj).parameters if p not in skip]  # type: ignore[arg-type]
+
+
+def test_the_reference_names_every_public_option() -> None:
+    import ratekeeper
+    from ratekeeper import middleware
+    from ratekeeper.dashboard import Dashboard
+    from ratekeeper.limiter import _Base
+    from ratekeeper.metrics import Metrics
+
+    exported = [getattr(ratekeeper, n) for n in ratekeeper.__all__]
+    exported += [getattr(middleware, n) for n in middleware.__all__]
+    missing = [n for n in [*ratekeeper.__all__, *middleware.__all__] if not _named(n)]
+    owners = [o for o in exported if isinstance(o, type) and not issubclass(o, Exception)]
+    owners.remove(ratekeeper.Decision)  # its fields are checked below
+    functions = [_Base.__init__, ratekeeper.Limiter.hit, middleware.priorities]
+    for owner in [*owners, *functions, middleware.redis_flags, Metrics, Dashboard]:
+        missing += [f"{owner}.{p}" for p in _parameters(owner) if not _named(p)]
+    missing += [f"Decision.{f}" for f in ("allowed", "limit", "remaining", "reset_at",
+                "retry_after", "rate", "stack", "now", "degraded", "quotas", "used")
+                if not _named(f)]  # fmt: skip
+    assert missing == [], missing
+
+
+def test_the_reference_names_every_flag_and_config_key() -> None:
+    from ratekeeper.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {
+        flag
+        for sub in commands.choices.values()
+        for action in sub._actions
+        if action.help != argparse.SUPPRESS
+        for flag in action.option_strings
+        if flag not in ("-h", "--help")
+    }
+    assert {f for f in flags if not _named(f)} == set()
+    schema = json.loads((ROOT / "src/ratekeeper/service/schema.json").read_text())
+    keys: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            keys.update(node.get("properties", {}))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    assert {k for k in keys if not _named(k)} == set()
