@@ -1,1 +1,1 @@
-"""Benchmarks: not part of the test suite's pass/fail (see DESIGN.md)."""
+"""Benchmarks: not part of the test suite's pass/fail ; they print side-by-side figures and ratios (docs/benchmarks.md)."""

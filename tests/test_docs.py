@@ -6,7 +6,8 @@
   not fail open where an example shows headers). A top-level ``print(...)`` followed by
   ``# text`` — on its line or the next — must print ``text``, and nothing else is printed.
   A block whose first line is ``# fragment`` (a settings.py, a piece of a larger file) is
-  only compiled. ``CHECKS`` adds assertions after a few blocks that show an app without
+  only compiled. A block whose first line names a file (``# myapp/limits.py``) is that file:
+  it is written where the page's other blocks and commands run, so they can import it. ``CHECKS`` adds assertions after a few blocks that show an app without
   calling it.
 - ``yaml`` blocks are service configs: each document (``---`` separates alternatives) loads
   with the service's config loader. A ``# fragment`` block is only parsed as YAML.
@@ -163,11 +164,24 @@ def test_every_check_belongs_to_a_block() -> None:
         assert any(b.page == page and marker in b.text for b in BLOCKS), (page, marker)
 
 
+FILE_LINE = re.compile(r"# ([\w./-]+\.py)\n")
+
+
+def write_files(page: str, into: Path) -> None:
+    """The page's file blocks (first line ``# path.py``), written under ``into``."""
+    for b in BLOCKS:
+        m = FILE_LINE.match(b.text)
+        if b.page == page and b.lang == "python" and m:
+            (into / m.group(1)).parent.mkdir(parents=True, exist_ok=True)
+            (into / m.group(1)).write_text(b.text)
+
+
 @pytest.mark.parametrize("block", params("python"))
 def test_python_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if block.fragment:
         compile(block.text, f"{block.page}:{block.line}", "exec")
         return
+    write_files(block.page, tmp_path)
     source = block.text
     if LOCAL_REDIS in source:
         source = source.replace(LOCAL_REDIS, request.getfixturevalue("redis_url"))
@@ -228,7 +242,7 @@ def readme_commands() -> list[str]:
             continue
         joined = block.text.replace("\\\n", " ")
         for line in joined.splitlines():
-            line = line.strip()
+            line = re.sub(r"\s+#\s.*$", "", line).strip()  # a comment after the command
             if line and not line.startswith("#"):
                 out.append(re.sub(r"\s+", " ", line))
     return out
@@ -250,25 +264,19 @@ README_COMMANDS: dict[str, tuple[str, str]] = {
     "./scripts/test": ("skip", "this test is part of it"),
     "curl -s localhost:8080/v1/hit -H 'content-type: application/json' -d "
     '\'{"policy": "api.core", "key": "user:42"}\'': ("run", '"allowed":true'),
-    "ratekeeper serve --config ratekeeper.yaml --port 8080 --grpc-port 8081": ("serve", ""),
+    "ratekeeper demo": ("run", "fixed_window"),
     "ratekeeper simulate access.log.gz --checks myapp.limits:checks --html report.html": (
         "run",
         "per-ip",
     ),
+    "ratekeeper check-config ratekeeper.yaml": ("run", "ok: 1 file"),
 }
 """Each README command: ("serve", note) starts it in the background (free ports; later
 commands reach it at localhost:8080); ("run", text) runs it in a shell, which must succeed
 and print ``text``; ("skip", why) does not run it."""
 
-FILES = {
-    "ratekeeper.yaml": config.EXAMPLE.read_text(),
-    "myapp/__init__.py": "",
-    "myapp/limits.py": (
-        "from ratekeeper.middleware import RateCheck\n\n"
-        'checks = [RateCheck("per-ip", "2/minute")]\n'
-    ),
-}
-"""What the README's commands read, in the directory they run in."""
+FILES = {"ratekeeper.yaml": config.EXAMPLE.read_text(), "myapp/__init__.py": ""}
+"""What the README's commands read besides its file blocks, in the directory they run in."""
 LOG = "".join(
     f"198.51.100.{i % 3} - - [10/Oct/2026:13:{i // 60:02d}:{i % 60:02d} +0000] "
     f'"GET /items HTTP/1.1" 200 12 "-" "curl/8"\n'
@@ -284,10 +292,10 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     for name, text in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
+    write_files("README.md", tmp_path)
     (tmp_path / "access.log.gz").write_bytes(gzip.compress(LOG.encode()))
     bin_dir = str(Path(_script("ratekeeper")).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
-    env["PYTHONPATH"] = str(tmp_path)  # the app's modules, as in its project directory
     server: ServiceProcess | None = None
     try:
         for command in readme_commands():
@@ -310,6 +318,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                 )
                 assert done.returncode == 0, (command, done.stderr)
                 assert expected in done.stdout, (command, done.stdout)
+        assert (tmp_path / "report.html").stat().st_size > 1000  # simulate's HTML report
     finally:
         if server is not None:
             server.stop()
@@ -396,3 +405,31 @@ def test_the_reference_names_every_flag_and_config_key() -> None:
 
     walk(schema)
     assert {k for k in keys if not _named(k)} == set()
+
+
+# --- links ------------------------------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_every_link_between_pages_resolves() -> None:
+    anchors = {
+        page: {_slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)} for page in PAGES
+    }
+    broken = []
+    for page in PAGES:
+        text = FENCE.sub("", page.read_text())
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and file in anchors and anchor not in anchors[file]:
+                broken.append(f"{page.name}: {target}")
+    assert broken == []
