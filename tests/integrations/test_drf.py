@@ -129,7 +129,13 @@ def test_exact_admission_under_concurrent_requests_on_redis(redis_url: str) -> N
     (one atomic script per decision; DRF's cache throttles read, decide, then write)."""
     rates = {"user": "10/minute", "anon": "2/minute", "burst": "2/minute"}
     with (
-        override_settings(RATEKEEPER={"STORAGE_URI": redis_url, "CLOCK": ManualClock()}),
+        override_settings(
+            RATEKEEPER={
+                "STORAGE_URI": redis_url,
+                "STORAGE_OPTIONS": {"socket_timeout": 5},  # no fail-open on a busy machine
+                "CLOCK": ManualClock(),
+            }
+        ),
         override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": rates, **_auth()}),
     ):
         for user in ("erin", "frank", "grace"):

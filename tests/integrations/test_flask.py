@@ -210,6 +210,8 @@ def test_settings_code_wins_and_bad_settings_are_named() -> None:
         ({"RATELIMIT_TRUSTED_PROXIES": ["10.0.0.0/33"]}, "TRUSTED_PROXIES"),
         ({"RATELIMIT_ENABLED": "no"}, "ENABLED 'no' must be True or False"),
         ({"RATELIMIT_MODE": "dark"}, "MODE 'dark' is invalid"),
+        ({"RATELIMIT_STORAGE_OPTIONS": {"timeout": 1}}, "option 'timeout' is unknown"),
+        ({"RATELIMIT_STORAGE_OPTIONS": 5}, "STORAGE_OPTIONS 5 must be a dict"),
     ]:
         with pytest.raises(ConfigError, match=named):
             make(RouteLimits(), **{"RATELIMIT_DEFAULT": "1/minute", **config})
@@ -225,6 +227,21 @@ def test_trusted_proxies_from_config_key_clients_by_forwarded_address() -> None:
     assert client.get("/items", headers=a, environ_base=env).status_code == 200
     assert client.get("/items", headers=b, environ_base=env).status_code == 200
     assert client.get("/items", headers=a, environ_base=env).status_code == 429
+
+
+def test_storage_options_reach_the_redis_store(redis_url: str) -> None:
+    from ratekeeper.integrations.settings import read
+
+    config = {
+        "RATELIMIT_STORAGE_URI": redis_url,
+        "RATELIMIT_STORAGE_OPTIONS": {"socket_timeout": 2.5},
+    }
+    store = read(config, "RATELIMIT_", "test config").store()
+    assert isinstance(store, RedisStore)
+    assert store.client.connection_pool.connection_kwargs["socket_timeout"] == 2.5
+    bad = RouteLimits(clock=ManualClock())
+    with pytest.raises(ConfigError, match="socket_timeout"):
+        make(bad, RATELIMIT_STORAGE_URI=redis_url, RATELIMIT_STORAGE_OPTIONS={"socket_timeout": -1})
 
 
 def test_real_waitress_server_on_redis_admits_exactly_the_limit(redis_url: str) -> None:

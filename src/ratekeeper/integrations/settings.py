@@ -6,6 +6,8 @@ setting            meaning                                                  defa
 =================  =======================================================  ==================
 STORAGE_URI        ``memory://``, or a Redis URL (``redis://``,             ``memory://``
                    ``rediss://``, ``unix://``) shared by every process
+STORAGE_OPTIONS    keyword arguments of the Redis store, such as            none
+                   ``{"socket_timeout": 0.2}`` (seconds; default 0.05)
 KEY_PREFIX         prefix of every Redis key                                ``rk``
 DEFAULT            default limits: a rate (``"100/minute"``; a stack        none
                    ``"10/second; 500/hour"`` is one limit) or a list
@@ -22,6 +24,7 @@ unnoticed); arguments given in code win over settings.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ from .routes import Limit, as_limits
 
 NAMES = (
     "STORAGE_URI",
+    "STORAGE_OPTIONS",
     "KEY_PREFIX",
     "DEFAULT",
     "STRATEGY",
@@ -53,6 +57,7 @@ class Settings:
     strategy: str = "fixed_window"
     trusted_proxies: tuple[str, ...] = ()
     mode: str = "enforce"
+    storage_options: tuple[tuple[str, Any], ...] = ()
 
     def store(self) -> Any:
         """A store for ``storage_uri`` (Redis clients connect on first use)."""
@@ -60,7 +65,27 @@ class Settings:
             return MemoryStore()
         from ..stores.redis import RedisStore
 
-        return RedisStore(self.storage_uri, prefix=self.key_prefix)
+        return RedisStore(self.storage_uri, prefix=self.key_prefix, **dict(self.storage_options))
+
+
+def _storage_options(options: Any, name: str) -> tuple[tuple[str, Any], ...]:
+    """The Redis store's keyword arguments a setting may give (not its clients or prefix)."""
+    from ..stores.redis import RedisStore
+
+    params = inspect.signature(RedisStore).parameters.values()
+    allowed = sorted(
+        p.name
+        for p in params
+        if p.kind is p.KEYWORD_ONLY and p.name not in {"client", "async_client", "prefix"}
+    )
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"{name} {options!r} must be a dict such as {{'socket_timeout': 0.2}}")
+    bad = sorted(str(k) for k in options if k not in allowed)
+    if bad:
+        raise ConfigError(
+            f"{name}: option {bad[0]!r} is unknown; expected one of {', '.join(allowed)}"
+        )
+    return tuple(sorted(options.items()))
 
 
 def read(config: Mapping[str, Any], prefix: str, where: str, extra: Iterable[str] = ()) -> Settings:
@@ -85,6 +110,9 @@ def read(config: Mapping[str, Any], prefix: str, where: str, extra: Iterable[str
             f"{where}: {prefix}STORAGE_URI {uri!r} is invalid; expected 'memory://' or a Redis "
             "URL such as 'redis://127.0.0.1:6379/0'"
         )
+    storage_options = _storage_options(
+        get("STORAGE_OPTIONS", {}), f"{where}: {prefix}STORAGE_OPTIONS"
+    )
     key_prefix = get("KEY_PREFIX", "rk")
     if not isinstance(key_prefix, str) or not key_prefix:
         raise ConfigError(f"{where}: {prefix}KEY_PREFIX {key_prefix!r} must be a non-empty string")
@@ -111,4 +139,5 @@ def read(config: Mapping[str, Any], prefix: str, where: str, extra: Iterable[str
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}: {prefix}ENABLED {enabled!r} must be True or False")
     mode = check_mode(get("MODE", "enforce"), f"{where}: {prefix}MODE")
-    return Settings(uri, key_prefix, default, strategy, tuple(proxies), mode if enabled else "off")
+    mode = mode if enabled else "off"
+    return Settings(uri, key_prefix, default, strategy, tuple(proxies), mode, storage_options)
