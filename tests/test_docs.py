@@ -7,13 +7,15 @@
   ``# text`` — on its line or the next — must print ``text``, and nothing else is printed.
   A block whose first line is ``# fragment`` (a settings.py, a piece of a larger file) is
   only compiled. A block whose first line names a file (``# myapp/limits.py``) is that file:
-  it is written where the page's other blocks and commands run, so they can import it. ``CHECKS`` adds assertions after a few blocks that show an app without
-  calling it.
+  it is written where the page's other blocks and commands run, so they can import it.
+  ``CHECKS`` adds assertions after a few blocks that show an app without calling it.
 - ``yaml`` blocks are service configs: each document (``---`` separates alternatives) loads
   with the service's config loader. A ``# fragment`` block is only parsed as YAML.
 - Shell commands of README.md (``bash`` blocks) run as written where they can, against a real
   ``ratekeeper serve`` on free ports; ``README_COMMANDS`` says how each is run, or why not,
   and a README command missing from it fails the test.
+- docs/reference.md names every public option (read from the code), and links between pages
+  resolve (files and heading anchors).
 """
 
 from __future__ import annotations
@@ -428,8 +430,7 @@ def test_every_link_between_pages_resolves() -> None:
                 continue
             path, _, anchor = target.partition("#")
             file = (page.parent / path).resolve() if path else page
-            if not file.exists():
-                broken.append(f"{page.name}: {target}")
-            elif anchor and file in anchors and anchor not in anchors[file]:
+            missing = anchor and file in anchors and anchor not in anchors[file]
+            if not file.exists() or missing:
                 broken.append(f"{page.name}: {target}")
     assert broken == []
