@@ -6,6 +6,14 @@ import sys
 import ratekeeper
 
 EXPECTED = {
+    "AdmissionQueue",
+    "AsyncAdmissionQueue",
+    "GradientLimit",
+    "GradientSettings",
+    "LoopLag",
+    "Pressure",
+    "ProcessCPU",
+    "QueueDelay",
     "WorkerUtilizationShedder",
     "ShedderSettings",
     "FleetUsageShedder",

@@ -5,6 +5,10 @@ dependency (server, gRPC, Prometheus, web frameworks).
 """
 
 from ._version import __version__ as __version__
+from .adaptive import GradientLimit as GradientLimit
+from .adaptive import GradientSettings as GradientSettings
+from .admission import AdmissionQueue as AdmissionQueue
+from .admission import AsyncAdmissionQueue as AsyncAdmissionQueue
 from .clock import Clock as Clock
 from .clock import ManualClock as ManualClock
 from .concurrency import AsyncConcurrencyLimiter as AsyncConcurrencyLimiter
@@ -22,6 +26,10 @@ from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
 from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings
 from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
+from .signals import LoopLag as LoopLag
+from .signals import Pressure as Pressure
+from .signals import ProcessCPU as ProcessCPU
+from .signals import QueueDelay as QueueDelay
 from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
@@ -29,6 +37,8 @@ from .stores.sharded import Shard as Shard
 from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
 __all__ = [
+    "AdmissionQueue",
+    "AsyncAdmissionQueue",
     "AsyncConcurrencyLimiter",
     "AsyncFleetUsageShedder",
     "AsyncLimiter",
@@ -37,10 +47,16 @@ __all__ = [
     "ConfigError",
     "Decision",
     "FleetUsageShedder",
+    "GradientLimit",
+    "GradientSettings",
     "Lease",
     "Limiter",
+    "LoopLag",
     "ManualClock",
     "MemoryStore",
+    "Pressure",
+    "ProcessCPU",
+    "QueueDelay",
     "Rate",
     "RateSpecError",
     "RatekeeperError",

@@ -52,6 +52,20 @@ DEFAULT_TIERS = ("critical", "post", "get", "test")
 UNLIMITED = 2**52 - 1
 
 
+def check_tiers(tiers: Sequence[str]) -> tuple[str, ...]:
+    """Priority tiers: two or more distinct names, most important first."""
+    tiers = tuple(tiers)
+    if (
+        len(tiers) < 2
+        or len(set(tiers)) != len(tiers)
+        or not all(isinstance(t, str) and t for t in tiers)
+    ):
+        raise ConfigError(
+            f"tiers={tiers!r} is invalid; expected two or more distinct names, most important first"
+        )
+    return tiers
+
+
 def _reserve(capacity: int, reserved: float) -> int:
     check_capacity(capacity)
     if isinstance(reserved, bool) or not isinstance(reserved, int | float):
@@ -177,6 +191,16 @@ class ShedderSettings:
         if not self.sample_every >= 0:
             raise ConfigError(f"sample_every={self.sample_every!r} is invalid; expected >= 0")
 
+    @classmethod
+    def fast(cls) -> ShedderSettings:
+        """Constants for one server process, which saturates within a second: shedding starts
+        after 1 s of a true overload signal and reaches every tier but the first in 8 s; the
+        dead zone sits at 85-95 % utilization, where a Python server still answers in tens of
+        milliseconds (the middleware's default; see docs/middleware.md for choosing them)."""
+        return cls(
+            0.85, 0.95, seconds_before_shedding=1.0, seconds_to_shed_all=8.0, sample_every=0.1
+        )
+
     @property
     def resting(self) -> float:
         """The shedding amount at rest (negative: the delay before shedding starts)."""
@@ -209,16 +233,7 @@ class WorkerUtilizationShedder:
         clock: Clock = time.time,
         random: Callable[[], float] = _random.random,
     ) -> None:
-        tiers = tuple(tiers)
-        if (
-            len(tiers) < 2
-            or len(set(tiers)) != len(tiers)
-            or not all(isinstance(t, str) and t for t in tiers)
-        ):
-            raise ConfigError(
-                f"tiers={tiers!r} is invalid; expected two or more distinct names, "
-                "most important first"
-            )
+        tiers = check_tiers(tiers)
         self.utilization = utilization
         self.tiers = tiers
         self.settings = ShedderSettings() if settings is None else settings
@@ -229,6 +244,7 @@ class WorkerUtilizationShedder:
         self._last_update: float | None = None
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(tiers, 0)
+        self.last_utilization = 0.0
 
     @property
     def shedding_amount(self) -> float:
@@ -247,6 +263,7 @@ class WorkerUtilizationShedder:
             last = now if self._last_update is None else self._last_update
             self._last_update = now
             elapsed = min(max(0.0, now - last), settings.seconds_before_shedding)
+            self.last_utilization = utilization
             push = settings.direction(utilization) / settings.seconds_to_shed_all
             self._amount = min(1.0, max(settings.resting, self._amount + elapsed * push))
             return self._amount
@@ -275,6 +292,7 @@ class WorkerUtilizationShedder:
         """The shedding amount, each tier's drop probability and shed counts."""
         return {
             "shedding_amount": self._amount,
+            "utilization": self.last_utilization,
             "drop_probability": {t: self.drop_probability(t) for t in self.tiers},
             "shed": dict(self.counts),
         }

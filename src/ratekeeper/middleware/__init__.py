@@ -20,6 +20,7 @@ No web framework is imported here or anywhere in ratekeeper's middleware.
 
 from . import request as keys
 from .asgi import RateLimitMiddleware as RateLimitMiddleware
+from .checks import AdmissionCheck as AdmissionCheck
 from .checks import ConcurrencyCheck as ConcurrencyCheck
 from .checks import Controls as Controls
 from .checks import FleetCheck as FleetCheck
@@ -32,6 +33,7 @@ from .responses import Rejection as Rejection
 from .wsgi import WSGIRateLimitMiddleware as WSGIRateLimitMiddleware
 
 __all__ = [
+    "AdmissionCheck",
     "ConcurrencyCheck",
     "Controls",
     "FleetCheck",

@@ -90,6 +90,7 @@ class RateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            asgi=True,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
@@ -156,9 +157,11 @@ class RateLimitMiddleware:
         return await self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
-        """Counters per check, requests in flight, and the limiter's store failures."""
+        """Counters per check, requests in flight, the shedding checks' state (``shedding``)
+        and the limiter's store failures."""
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
+            "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
         }

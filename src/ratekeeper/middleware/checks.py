@@ -10,8 +10,10 @@ for WSGI, async for ASGI) from them, over one store.
 - ``ConcurrencyCheck``: at most ``capacity`` requests in progress per key. Over: 429.
 - ``FleetCheck``: the fleet-usage shedder; requests of the first priority tier are critical.
   Over the non-critical share: 503.
-- ``WorkerCheck``: the worker-utilization shedder, fed by default with this middleware's share
-  of ``max_in_flight`` requests in progress. Shed: 503.
+- ``WorkerCheck``: the worker-utilization shedder, fed by default with the overload signal of
+  the server type (event-loop lag for ASGI, busy threads for WSGI). Shed: 503.
+- ``AdmissionCheck``: adaptive concurrency — at most ``limit`` requests in progress, found from
+  latency, the rest queued by priority and shed when they wait too long. Shed: 503.
 
 ``Controls`` is the object the app keeps: a mode per check (``enforce``, ``shadow`` — decide and
 count but let everything through — or ``off``), switchable at runtime, optionally refreshed from
@@ -27,12 +29,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..adaptive import GradientLimit, GradientSettings
+from ..admission import AdmissionCore
 from ..clock import Clock
 from ..concurrency import check_capacity
 from ..errors import ConfigError
 from ..plan import make_policy
 from ..rates import Rate
-from ..shedding import WorkerUtilizationShedder
+from ..shedding import DEFAULT_TIERS, WorkerUtilizationShedder
+from ..signals import QueueDelay
 from .request import KeyFunc, PathMatcher, RequestInfo, client_ip
 
 log = logging.getLogger("ratekeeper")
@@ -156,12 +161,21 @@ class FleetCheck:
 
 @dataclass(frozen=True, slots=True)
 class WorkerCheck:
-    """Stripe's worker-utilization shedder (a default one if ``shedder`` is None)."""
+    """Stripe's worker-utilization shedder.
+
+    With ``shedder`` None the middleware builds one with ``ShedderSettings.fast()`` on the signal
+    of its server type: the event loop's lag (ASGI) or busy threads, requests in flight /
+    ``max_in_flight`` (WSGI: set it to the thread count). A shedder without a ``utilization``
+    callable is fed requests in flight / ``max_in_flight``. ``queue_delay`` is fed each
+    request's arrival stamp (``X-Request-Start``, ``mod_wsgi.request_start``) and joins the
+    default signal.
+    """
 
     shedder: WorkerUtilizationShedder | None = None
     max_in_flight: int = 64
     name: str = "workers"
     retry_after: int = 5
+    queue_delay: QueueDelay | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -169,7 +183,55 @@ class WorkerCheck:
         check_capacity(self.retry_after, "retry_after")
 
 
-Check = RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck
+QUEUE_DELAYS = {"asgi": (0.01, 0.1), "wsgi": (0.001, 0.001)}
+"""(target_delay, interval) per server type. A waiting asyncio request costs a future; a
+waiting WSGI request holds a thread that the server's own queue (in front of its thread pool,
+where critical requests wait too) needs to be drained, so threads wait 1 ms at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCheck:
+    """At most ``limit`` requests in progress in this process, the rest queued by priority tier
+    and shed (503) after waiting ``target_delay`` under a standing queue, ``interval`` otherwise
+    (None: the server type's defaults, ``QUEUE_DELAYS``).
+
+    ``limit`` None (the default) finds the limit from latency with a ``GradientLimit`` (its
+    ``GradientSettings`` may be given instead); a number fixes it. The first tier is never
+    queued nor shed. See ``ratekeeper.admission``.
+    """
+
+    limit: int | GradientSettings | GradientLimit | None = None
+    target_delay: float | None = None
+    interval: float | None = None
+    tiers: tuple[str, ...] = DEFAULT_TIERS
+    name: str = "admission"
+    retry_after: int = 1
+    clock: Clock = time.monotonic
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        check_capacity(self.retry_after, "retry_after")
+        self.core(asgi=True)  # fail at startup
+        self.core(asgi=False)
+
+    def core(self, asgi: bool) -> AdmissionCore:
+        """The live queue state this configuration describes (one per middleware); delays left
+        None take the server type's defaults (``QUEUE_DELAYS``)."""
+        limit = self.limit
+        if limit is None or isinstance(limit, GradientSettings):
+            limit = GradientLimit(limit, clock=self.clock)
+        target, interval = QUEUE_DELAYS["asgi" if asgi else "wsgi"]
+        return AdmissionCore(
+            limit,
+            self.tiers,
+            target_delay=target if self.target_delay is None else self.target_delay,
+            interval=interval if self.interval is None else self.interval,
+            clock=self.clock,
+        )
+
+
+Check = RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck | AdmissionCheck
+CHECK_TYPES = (RateCheck, ConcurrencyCheck, FleetCheck, WorkerCheck, AdmissionCheck)
 
 
 def redis_flags(client: Any, key: str = "ratekeeper:modes") -> Callable[[], dict[str, str]]:

@@ -22,6 +22,9 @@ Rules:
 - the checks given to the constructor run for every request; checks registered later with
   ``add`` (a framework's per-route limits) run only where a caller names their positions, in
   the same admission, so one request has one set of headers and one rule for giving back.
+- an ``AdmissionCheck`` takes a slot (``enter``: the runner may wait in its queue) and the
+  request gives it back first when it ends (``leave``); a ``WorkerCheck`` without a shedder
+  gets one on its server type's signal (``asgi``);
 - an admission cut short (the request cancelled or interrupted mid-walk: client gone, timeout,
   shutdown) ends with ``abort``: what was granted so far, and what the store call in flight
   granted when the driver could wait for it, is refunded and released;
@@ -39,13 +42,17 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
 from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
-from ..shedding import WorkerUtilizationShedder
+from ..shedding import ShedderSettings, WorkerUtilizationShedder
+from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
+    CHECK_TYPES,
+    AdmissionCheck,
     ChargeWhen,
     Check,
     ConcurrencyCheck,
@@ -66,7 +73,7 @@ from .responses import (
 
 log = logging.getLogger("ratekeeper")
 
-Kind = Literal["hit", "refund", "acquire", "admit", "release"]
+Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
 OUTCOME = {
     "allowed": "allowed",
     "rejected": "rejected",
@@ -81,7 +88,9 @@ class Op(NamedTuple):
     """One store operation for the check at ``position`` (a tuple: built on every request).
 
     ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
-    gave for this request); the refund of that hit carries it too.
+    gave for this request); the refund of that hit carries it too. An ``AdmissionCheck``'s
+    ``enter`` carries the tier in ``key`` (``wait`` False in shadow mode) and gets a ``Ticket``
+    or None back; its ``leave`` carries the ``ticket``.
     """
 
     kind: Kind
@@ -91,6 +100,8 @@ class Op(NamedTuple):
     critical: bool = False
     lease: Lease | None = None
     rate: Any = None
+    wait: bool = True
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +130,7 @@ class Admission:
         "leases",
         "rejection",
         "request",
+        "tickets",
         "tier",
     )
 
@@ -128,6 +140,7 @@ class Admission:
         self.best: tuple[str, Decision] | None = None
         self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
+        self.tickets: list[tuple[int, Ticket]] = []
         self.headers: Headers = ()
         self.rejection: Rejection | None = None
         self.entered = False
@@ -171,8 +184,10 @@ class Gate:
         log_interval: float,
         charge_when: ChargeWhen | None = None,
         metrics: Metrics | None = None,
+        *,
+        asgi: bool = False,
     ) -> None:
-        if isinstance(checks, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+        if isinstance(checks, CHECK_TYPES):
             checks = [checks]
         checks = list(checks)
         names = [getattr(c, "name", None) for c in checks]
@@ -197,6 +212,10 @@ class Gate:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._shedders: dict[int, WorkerUtilizationShedder] = {}
+        self.admissions: dict[int, AdmissionCore] = {}
+        """Each ``AdmissionCheck``'s queue state by position; the runners drive it."""
+        self._shed: dict[int, Rejection] = {}  # built once: a shed costs next to nothing
+        self._asgi = asgi  # which default signal a WorkerCheck gets
         self.metrics = metrics
         for c in checks:
             self.add(c)
@@ -223,10 +242,10 @@ class Gate:
     def add(self, check: Check) -> int:
         """Register ``check`` and return its position; the same check again keeps its position
         (a limit shared by several routes), another check under a name in use is an error."""
-        if not isinstance(check, RateCheck | ConcurrencyCheck | FleetCheck | WorkerCheck):
+        if not isinstance(check, CHECK_TYPES):
             raise ConfigError(
                 f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                "FleetCheck or WorkerCheck"
+                "FleetCheck, WorkerCheck or AdmissionCheck"
             )
         with self._lock:
             for position, known in enumerate(self.checks):
@@ -237,13 +256,36 @@ class Gate:
                         f"check name {check.name!r} is used twice with different settings; "
                         "each check needs its own name"
                     )
+            position = len(self.checks)
             if isinstance(check, WorkerCheck):
-                shedder = check.shedder or WorkerUtilizationShedder(clock=self.clock)
-                self._shedders[len(self.checks)] = shedder
+                shedder = check.shedder or self._default_shedder(check)
+                self._shedders[position] = shedder
                 if self.metrics is not None:
                     self.metrics.watch_shedder(check.name, shedder)
+            if isinstance(check, AdmissionCheck):
+                self.admissions[position] = check.core(self._asgi)
+            if isinstance(check, WorkerCheck | AdmissionCheck):
+                self._shed[position] = shed_rejection(check.name, check.retry_after)
             self.checks.append(check)
             return len(self.checks) - 1
+
+    def _default_shedder(self, check: WorkerCheck) -> WorkerUtilizationShedder:
+        """``ShedderSettings.fast()`` on the worst of: this process's CPU share (the smooth
+        signal the controller settles on) and the server type's queue signal, which catches
+        what CPU misses (a neighbour taking the core, a handler blocking): the event loop's lag
+        (ASGI) or busy threads, requests in flight / ``max_in_flight`` (WSGI); and the check's
+        queue delay if any."""
+        queue: Signal = (
+            LoopLag(saturated_at=0.1)
+            if self._asgi
+            else lambda: self.in_flight / check.max_in_flight
+        )
+        signals: list[Signal] = [ProcessCPU(every=0.25), queue]
+        if check.queue_delay is not None:
+            signals.append(check.queue_delay)
+        return WorkerUtilizationShedder(
+            worst(*signals), settings=ShedderSettings.fast(), clock=self.clock
+        )
 
     def enter(self, request: RequestInfo, adm: Admission) -> bool:
         """Count the request in flight (once); False if its path is exempt. What ``admit``
@@ -332,7 +374,13 @@ class Gate:
             return self._keep(adm, index, lease) or shed_rejection(
                 check.name, check.retry_after, check.capacity
             )
-        return self._worker(index, check, adm.tier)
+        if isinstance(check, AdmissionCheck):
+            ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
+            if ticket is None:
+                return self._shed[index]
+            adm.tickets.append((index, ticket))
+            return True
+        return self._worker(index, check, request, adm.tier)
 
     @staticmethod
     def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
@@ -344,13 +392,19 @@ class Gate:
         adm.leases.append((index, lease))
         return True
 
-    def _worker(self, index: int, check: WorkerCheck, tier: str) -> Rejection | bool:
+    def _worker(
+        self, index: int, check: WorkerCheck, request: RequestInfo, tier: str
+    ) -> Rejection | bool:
         shedder = self._shedders[index]
+        if check.queue_delay is not None:
+            arrived = arrival(request)
+            if arrived is not None:
+                check.queue_delay.record(arrived)
         utilization = None
         if shedder.utilization is None:
             utilization = self.in_flight / check.max_in_flight
         if shedder.shed(tier, utilization):
-            return shed_rejection(check.name, check.retry_after)
+            return self._shed[index]
         return True
 
     def finish(self, adm: Admission, status: int | None) -> list[Op]:
@@ -365,12 +419,12 @@ class Gate:
         if adm.entered:
             with self._lock:
                 self.in_flight -= 1
-        ops = []
+        ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
-                ops = [op._replace(kind="refund") for op in adm.charged]
+                ops += [op._replace(kind="refund") for op in adm.charged]
             elif status is not None:
-                ops = [
+                ops += [
                     op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
                 ]
         for index, lease in adm.leases:
@@ -392,15 +446,26 @@ class Gate:
     def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
         """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
         call that was in flight and ``result`` what it returned (a ``Failure``, or None if
-        unknown): a charge or lease it granted is given back too."""
+        unknown): a charge, lease or admission ticket it granted is given back too."""
         if op is not None and result is not None and not isinstance(result, Failure):
             if op.kind == "hit" and isinstance(result, Decision):
                 if result.allowed and not result.degraded:
                     adm.charged.append(op)
             elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
                 adm.leases.append((op.position, result))
+            elif isinstance(result, Ticket):  # enter
+                adm.tickets.append((op.position, result))
         adm.aborted = True
         return self.finish(adm, None)
+
+    def shedding_stats(self) -> dict[str, Any]:
+        """Per shedding check: the worker shedder's state or the admission queue's."""
+        out: dict[str, Any] = {}
+        for i, shedder in self._shedders.items():
+            out[self.checks[i].name] = shedder.stats()
+        for i, core in self.admissions.items():
+            out[self.checks[i].name] = core.stats()
+        return out
 
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
@@ -433,6 +498,16 @@ class Gate:
             )
             self._last_log = now
             self._unlogged = 0
+
+
+def arrival(request: RequestInfo) -> float | None:
+    """When the request arrived, if something stamped it: mod_wsgi's ``mod_wsgi.request_start``
+    or a proxy's ``X-Request-Start`` / ``X-Queue-Start`` (epoch seconds)."""
+    raw = request.raw
+    stamp = raw.get("mod_wsgi.request_start") if isinstance(raw, dict) else None
+    if stamp is None:
+        stamp = request.header("x-request-start") or request.header("x-queue-start")
+    return None if stamp is None else parse_request_start(stamp)
 
 
 def _unwrap(result: Any) -> Any:

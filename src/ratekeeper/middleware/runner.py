@@ -11,7 +11,8 @@ on. On asyncio each store call of the admission runs as a shielded task, so the 
 completes and what it granted is given back too; a store without I/O (``LocalStore``: the
 memory store) is never suspended mid-call, so its calls run inline. A sync store call
 interrupted mid-flight cannot say what it granted: such a lease expires after its
-``lease_ttl``. One ``_dispatch`` maps an
+``lease_ttl``. An ``AdmissionCheck``'s ``enter`` is no store call: its queue
+cleans up a cancelled wait itself, so it is never shielded. One ``_dispatch`` maps an
 ``Op`` to a limiter call for both: the sync runner returns its result, the async one awaits it,
 so the two differ only where ``await`` appears. Several runners may share one gate (Django
 serves sync and async requests in one process); each builds its limiters on first use.
@@ -23,6 +24,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from ..admission import AdmissionQueue, AsyncAdmissionQueue
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
 from ..limiter import AsyncLimiter, Limiter, store_name
@@ -116,6 +118,7 @@ class _Base:
         limiter_class: Callable[..., Any],
         lease_class: Callable[..., Any],
         fleet_class: Callable[..., Any],
+        queue_class: Callable[..., Any],
     ) -> None:
         self.gate = gate
         self.store = store
@@ -124,6 +127,8 @@ class _Base:
         self._rates, self._leases, self._fleets = split_checks(
             gate.checks, store, clock, lease_class, fleet_class, metrics
         )
+        # admission queues over the gate's queue states (shared by the runners of one gate)
+        self._queues = _ByPosition(lambda position: queue_class(gate.admissions[position]))
 
     def _ending(self, adm: Admission, status: int | None) -> list[Op]:
         """The gate's refunds and releases for ``adm``; an error (a bug, a charge predicate
@@ -144,6 +149,10 @@ class _Base:
                 op.key, op.rate, algorithm=c.algorithm, cost=op.cost, burst=c.burst,
                 buckets=c.buckets,
             )  # fmt: skip
+        if kind == "enter":
+            return self._queues[op.position].enter(op.key, op.wait)
+        if kind == "leave":
+            return self._queues[op.position].leave(op.ticket)
         if kind == "acquire":
             return self._leases[op.position].acquire(op.key)
         if kind == "admit":
@@ -156,7 +165,9 @@ class Runner(_Base):
     """Sync: ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageShedder`` over ``store``."""
 
     def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
-        super().__init__(gate, store, clock, Limiter, ConcurrencyLimiter, FleetUsageShedder)
+        super().__init__(
+            gate, store, clock, Limiter, ConcurrencyLimiter, FleetUsageShedder, AdmissionQueue
+        )
 
     def execute(self, op: Op) -> Any:
         """Carry out one operation."""
@@ -198,7 +209,13 @@ class AsyncRunner(_Base):
 
     def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
         super().__init__(
-            gate, store, clock, AsyncLimiter, AsyncConcurrencyLimiter, AsyncFleetUsageShedder
+            gate,
+            store,
+            clock,
+            AsyncLimiter,
+            AsyncConcurrencyLimiter,
+            AsyncFleetUsageShedder,
+            AsyncAdmissionQueue,
         )
         self._inline = isinstance(store, LocalStore)
 
@@ -221,6 +238,8 @@ class AsyncRunner(_Base):
         if not self._inline and _on_asyncio():
 
             async def execute(op: Op) -> Any:
+                if op.kind == "enter":  # no store call; a cancelled wait cleans up after itself
+                    return await self._dispatch(op)
                 task = asyncio.ensure_future(self._dispatch(op))
                 flight.append((op, task))
                 result = await asyncio.shield(task)

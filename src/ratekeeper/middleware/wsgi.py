@@ -164,9 +164,11 @@ class WSGIRateLimitMiddleware:
         return self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
-        """Counters per check, requests in flight, and the limiter's store failures."""
+        """Counters per check, requests in flight, the shedding checks' state (``shedding``)
+        and the limiter's store failures."""
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
+            "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
         }
