@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
+from .cli import missing_extra
 
 _WARNING = re.compile(r"^(.*?:\d+): (.*)$", re.DOTALL)
 
@@ -53,12 +54,7 @@ def run_check_config(args: argparse.Namespace) -> int:
     try:
         from .config import load
     except ImportError as exc:
-        print(
-            f"ratekeeper check-config needs the server extra ({exc.name} is missing): "
-            "pip install 'ratekeeper[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        return missing_extra("check-config", exc)
     try:
         config = load(args.paths, dotfiles=args.config_dotfiles)
     except ConfigError as exc:

@@ -117,12 +117,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from .server import ServeOptions, serve
     except ImportError as exc:
-        print(
-            f"ratekeeper serve needs the server extra ({exc.name} is missing): "
-            "pip install 'ratekeeper[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        return missing_extra("serve", exc)
     options = ServeOptions(
         tuple(args.config),
         args.host,
@@ -135,6 +130,16 @@ def run_serve(args: argparse.Namespace) -> int:
         dotfiles=args.config_dotfiles,
     )
     return serve(options)
+
+
+def missing_extra(command: str, exc: ImportError) -> int:
+    """Say which extra ``ratekeeper <command>`` needs; the exit status 2."""
+    print(
+        f"ratekeeper {command} needs the server extra ({exc.name} is missing): "
+        "pip install 'ratekeeper[server]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _port(text: str) -> int:
