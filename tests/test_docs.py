@@ -448,3 +448,8 @@ def test_every_link_between_pages_resolves() -> None:
             if not file.exists() or missing:
                 broken.append(f"{page.name}: {target}")
     assert broken == []
+
+
+def test_the_readme_leads_to_every_page() -> None:
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", (ROOT / "README.md").read_text()))
+    assert {p.name for p in PAGES[1:]} - linked == set()
