@@ -208,3 +208,21 @@ def test_any_name_gives_valid_structured_fields(name: str) -> None:
     for value in h.values():
         assert value.isascii() and value.isprintable()
     _sf_parse(h)
+
+
+def test_header_values_match_headers_whatever_objects_carry_the_rates() -> None:
+    """``header_values`` finds the policy's names by the identity of the stack and rate; equal
+    rates in other objects, and other policies or limits, still get their own names."""
+    from ratekeeper.decision import HEADER_NAMES, _names
+
+    for policy in (None, "api", "ä/β"):
+        for limit in (5, 7):
+            a, b = Rate(5, 60.0), Rate(100, 3600.0)
+            stack = (a, b)
+            for rate in (Rate(5, 60.0), a, b):  # an equal rate in another object, then the stack's
+                d = Decision(False, limit, 0, 1_700_000_060.0, 12.5, rate, stack, 1_700_000_047.5)
+                values = d.header_values(policy)
+                assert dict(zip(HEADER_NAMES, values, strict=True)) == d.headers(policy)
+                deciding, quota_policy = _names(policy, stack, rate, limit, ())
+                assert values[4] == quota_policy and values[5].startswith(deciding + ";r=0;")
+                assert values[6] == "13"

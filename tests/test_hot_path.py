@@ -239,3 +239,29 @@ def test_an_admitted_charged_step_resets_when_its_state_expires(
                 assert outcome.reset_ms == module.expires_ms(new, limit), (state, now, cost)
                 state = new
         assert admitted > 30
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_decide_with_a_made_policy_decides_like_hit_and_peek(seed: int) -> None:
+    """``Limiter.decide(op, key, policy)`` (the service's path: a policy made once) gives the
+    decisions ``hit``/``peek`` give, on the in-process shortcut and on the plan path."""
+    rng = random.Random(seed)
+    clock = ManualClock(1_700_000_000.0)
+    counting = _CountingStore(max_keys=50)
+    made, named = Limiter(store=counting, clock=clock), Limiter(store=_PlanOnly(), clock=clock)
+    calls = [c for c in CALLS if isinstance(c["rate"], str)]
+    for _ in range(800):
+        clock.advance(rng.choice((0.0, 0.001, 0.05, 0.3, 1.2)))
+        call = rng.choice(calls)
+        options = {k: v for k, v in call.items() if k != "rate"}
+        policy = make_policy(
+            call["rate"], options.get("algorithm", "fixed_window"),
+            options.get("burst"), options.get("buckets"),
+        )  # fmt: skip
+        key, cost = rng.choice(("a", "b", "ü")), rng.choice((1, 1, 2, 5))
+        op = rng.choice(("hit", "hit", "peek"))
+        a = made.decide(op, key, policy, cost)
+        assert a == getattr(named, op)(key, call["rate"], cost=cost, **options)
+    assert counting.direct > 200
+    with pytest.raises(ValueError, match="op 'refund' is invalid"):
+        made.decide("refund", "a", make_policy("5/second", "fixed_window", None, None))

@@ -29,7 +29,7 @@ def _public(cls: type) -> dict[str, Any]:
 def test_sync_and_async_limiters_have_the_same_surface() -> None:
     sync, aio = _public(Limiter), _public(AsyncLimiter)
     assert sorted(sync) == sorted(aio)
-    assert {"hit", "peek", "refund", "reset", "stats", "clock"} <= set(sync)
+    assert {"hit", "peek", "refund", "reset", "decide", "stats", "clock"} <= set(sync)
     for name, member in sync.items():
         if not callable(member):
             continue
@@ -38,7 +38,7 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
             (p.name, p.kind, p.default) for p in b.parameters.values()
         ], name
         assert inspect.iscoroutinefunction(aio[name]) == (
-            name in {"hit", "peek", "refund", "reset", "check"}
+            name in {"hit", "peek", "refund", "reset", "check", "decide"}
         )
         assert not inspect.iscoroutinefunction(member)
     init_a = inspect.signature(Limiter.__init__).parameters

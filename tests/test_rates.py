@@ -95,6 +95,7 @@ def test_bad_rates_name_the_bad_part_and_what_is_accepted(text: str, names: str)
         (1.0, 1.0, r"count 1.0 is not a whole number"),
         (1, 0.0, r"period 0.0 s is not a positive whole number of milliseconds"),
         (1, 0.0005, r"period 0.0005 s is not a positive whole number of milliseconds"),
+        (1, 17000000.001, r"milliseconds; expected e\.g\. 1, 0\.5 or 0\.001 seconds"),
     ],
 )
 def test_bad_rate_values(count: object, period: float, names: str) -> None:

@@ -65,7 +65,14 @@ class Decision:
 
         ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``).
         """
-        deciding, quota_policy = _names(policy, self.stack, self.rate, self.limit, self.quotas)
+        return dict(zip(HEADER_NAMES, self.header_values(policy), strict=False))
+
+    def header_values(self, policy: str | None = None) -> list[str]:
+        """The values of ``headers()`` in ``HEADER_NAMES`` order, ``Retry-After`` last and only
+        on a rejection that can succeed (for servers that encode the names once)."""
+        names = _NAMES_SEEN.get((policy, id(self.stack), id(self.rate), self.limit, self.quotas))
+        if names is None or names[2] is not self.stack or names[3] is not self.rate:
+            names = _names_kept(policy, self.stack, self.rate, self.limit, self.quotas)
         remaining = str(self.remaining)
         retry = None
         if not self.allowed and math.isfinite(self.retry_after):
@@ -73,17 +80,44 @@ class Decision:
             reset_in = retry  # Retry-After never points earlier than t (module docstring)
         else:
             reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
-        out = {
-            "X-RateLimit-Limit": str(self.limit),
-            "X-RateLimit-Remaining": remaining,
-            "X-RateLimit-Reset": str(math.ceil(self.reset_at - 1e-9)),
-            "X-RateLimit-Used": str(self.limit - self.remaining),
-            "RateLimit-Policy": quota_policy,
-            "RateLimit": f"{deciding};r={remaining};t={reset_in}",
-        }
+        out = [
+            str(self.limit),
+            remaining,
+            str(math.ceil(self.reset_at - 1e-9)),
+            str(self.limit - self.remaining),
+            names[1],
+            f"{names[0]};r={remaining};t={reset_in}",
+        ]
         if retry is not None:
-            out["Retry-After"] = str(retry)
+            out.append(str(retry))
         return out
+
+
+HEADER_NAMES = (
+    "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Used",
+    "RateLimit-Policy", "RateLimit", "Retry-After",
+)  # fmt: skip
+"""The headers of a decision, in the order of ``Decision.header_values``."""
+
+_NAMES_SEEN: dict[
+    tuple[str | None, int, int, int, tuple[int, ...]], tuple[str, str, object, object]
+]
+_NAMES_SEEN = {}
+"""``_names`` by the identity of the stack and rate (a ``Rate``'s hash is a Python call, and a
+policy's decisions share its objects); each entry keeps its stack and rate alive, so an id
+is never reused while it is here."""
+
+
+def _names_kept(
+    policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
+) -> tuple[str, str, object, object]:
+    """``_names``, remembered in ``_NAMES_SEEN`` (cleared when it reaches 4096 entries)."""
+    deciding, quota_policy = _names(policy, stack, rate, limit, quotas)
+    if len(_NAMES_SEEN) >= 4096:
+        _NAMES_SEEN.clear()
+    entry = (deciding, quota_policy, stack, rate)
+    _NAMES_SEEN[(policy, id(stack), id(rate), limit, quotas)] = entry
+    return entry
 
 
 @lru_cache(maxsize=4096)

@@ -136,6 +136,22 @@ class _Core:
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
         return decide_one(policy, outcome, now)
 
+    def policy_hit(self, key: str, policy: Policy, cost: int) -> Decision | None:
+        """``local_hit`` for a policy already made by ``make_policy``: None unless the store is
+        in-process, the policy has one rate, and key and cost need no checking."""
+        if (
+            self.hit_one is None
+            or len(policy.limits) != 1
+            or type(key) is not str
+            or not key
+            or type(cost) is not int
+            or cost < 1
+        ):
+            return None
+        now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
+        outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
+        return decide_one(policy, outcome, now)
+
     def plan(
         self,
         op: Op,
@@ -161,6 +177,10 @@ class _Core:
                     self._policies[cache_key] = policy
                     if len(policy.limits) == 1:
                         self._singles[cache_key] = policy
+        return self.plan_of(op, key, policy, cost)
+
+    def plan_of(self, op: Op, key: str, policy: Policy, cost: int) -> Plan:
+        """``plan`` for a policy already made by ``make_policy`` (key and cost still checked)."""
         if type(key) is not str or not key:
             check_key(key)
         if type(cost) is not int or cost < 1:
@@ -399,6 +419,22 @@ class Limiter(_Base):
             core.count(decision)
         return decision
 
+    def decide_local(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision | None:
+        """``decide`` when an in-process store answers it at once (a cached one-rate hit on
+        the memory store), else None: callers on a hot path skip a coroutine."""
+        return self._core.policy_hit(key, policy, cost) if op == "hit" else None
+
+    def decide(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision:
+        """``hit`` or ``peek`` (``op``) under a policy made once by ``make_policy`` (a service's
+        configured policies): the same decision, without parsing rates or a cache lookup."""
+        if op != "hit" and op != "peek":
+            raise ConfigError(f"op {op!r} is invalid; expected 'hit' or 'peek'")
+        decision = self._core.policy_hit(key, policy, cost) if op == "hit" else None
+        if decision is None:
+            decision = self._run(self._core.plan_of(op, key, policy, cost))
+        assert decision is not None
+        return decision
+
     def peek(
         self,
         key: str,
@@ -529,6 +565,22 @@ class AsyncLimiter(_Base):
         assert decision is not None
         if core.counting is not None:
             core.count(decision)
+        return decision
+
+    def decide_local(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision | None:
+        """``decide`` when an in-process store answers it at once (a cached one-rate hit on
+        the memory store), else None: callers on a hot path skip a coroutine."""
+        return self._core.policy_hit(key, policy, cost) if op == "hit" else None
+
+    async def decide(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision:
+        """``hit`` or ``peek`` (``op``) under a policy made once by ``make_policy`` (a service's
+        configured policies): the same decision, without parsing rates or a cache lookup."""
+        if op != "hit" and op != "peek":
+            raise ConfigError(f"op {op!r} is invalid; expected 'hit' or 'peek'")
+        decision = self._core.policy_hit(key, policy, cost) if op == "hit" else None
+        if decision is None:
+            decision = await self._run(self._core.plan_of(op, key, policy, cost))
+        assert decision is not None
         return decision
 
     async def peek(

@@ -86,7 +86,8 @@ class Rate:
         period_ms = round(float(self.period) * 1000)
         if period_ms < 1 or abs(period_ms - float(self.period) * 1000) > 1e-6:
             raise RateSpecError(
-                f"rate period {self.period!r} s is not a positive whole number of milliseconds"
+                f"rate period {self.period!r} s is not a positive whole number of milliseconds; "
+                "expected e.g. 1, 0.5 or 0.001 seconds"
             )
         if period_ms > MAX_PERIOD_MS:
             raise RateSpecError(

@@ -67,12 +67,12 @@ class ServiceProcess:
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
-    def stop(self) -> str:
+    def stop(self, timeout: float = 10.0) -> str:
         """Stop the process (by PID) and return what it wrote to stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)

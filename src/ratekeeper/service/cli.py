@@ -7,6 +7,7 @@ says which extra to install when it is missing.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -108,6 +109,18 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         help="most open HTTP connections; past it the one that waited longest for its "
         "headers is closed (default: the file-descriptor limit less 64)",
     )
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N",
+        help="worker processes sharing the ports; auto: one per core; more than one needs a "
+        "shared store (Redis) (default: 1)",
+    )
+    # set by the supervisor for its workers
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watch-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -116,6 +129,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Start the service with the parsed arguments."""
     try:
         from .server import ServeOptions, serve
+        from .supervisor import supervise
     except ImportError as exc:
         return missing_extra("serve", exc)
     options = ServeOptions(
@@ -128,7 +142,12 @@ def run_serve(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         max_connections=args.max_connections,
         dotfiles=args.config_dotfiles,
+        watch_interval=args.watch_interval,
+        worker=args.worker_index,
+        metrics_dir=args.metrics_dir,
     )
+    if args.workers > 1 and args.worker_index is None:
+        return supervise(options, args.workers)
     return serve(options)
 
 
@@ -140,6 +159,16 @@ def missing_extra(command: str, exc: ImportError) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def _workers(text: str) -> int:
+    if text == "auto":
+        return os.cpu_count() or 1
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"workers {text!r} is invalid; expected a whole number >= 1 or auto"
+        )
+    return int(text)
 
 
 def _port(text: str) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -47,7 +48,7 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
         header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the type the same way
-            super().connection_made(transport)
+            super().connection_made(OneWrite(transport))  # type: ignore[arg-type]  # a proxy
             self._wait()
             if len(self.connections) > max_connections:
                 self._make_room()
@@ -58,6 +59,7 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
+            self.transport.flush()  # type: ignore[attr-defined]  # a OneWrite
             super().on_response_complete()
             if not self.transport.is_closing() and not self.pipeline:
                 self._wait()
@@ -98,3 +100,40 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
             (oldest or self).transport.close()
 
     return GuardedProtocol
+
+
+class OneWrite:
+    """A transport that sends a response's head with its body in one ``write`` (one system
+    call instead of two: uvicorn writes the status line and headers as soon as the app starts
+    the response). The head is held until the next write, the end of the response
+    (``flush``), or any other use of the transport; ``100 Continue`` is never held."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+        elif data[:9] == b"HTTP/1.1 " and data[9:12] != b"100":
+            self._head = bytes(data)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        self.flush()  # anything else (pause_reading, get_extra_info, abort, ...) sees it all
+        return getattr(self._transport, name)

@@ -32,13 +32,15 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from functools import partial
+from typing import NamedTuple, TypeVar
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, Lease
 from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
+from ..plan import Op
 from .config import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
@@ -46,9 +48,9 @@ UNLIMITED_REMAINING = 2**32 - 1
 S = TypeVar("S", PolicySpec, ConcurrencySpec)
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    """A decision as the service reports it."""
+class Result(NamedTuple):
+    """A decision as the service reports it (a named tuple: one is built per decision, and a
+    frozen dataclass costs several times more to build)."""
 
     decision: Decision
     policy: str
@@ -56,6 +58,10 @@ class Result:
     """A shadow policy would have rejected this request (it was answered allowed)."""
     local: bool = False
     """Answered by the over-limit cache without asking the store."""
+
+
+_result = partial(tuple.__new__, Result)
+"""``Result(*fields)`` without the named tuple's Python ``__new__`` (the hot path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +196,14 @@ class Engine:
         self.cache = OverLimitCache()
         self.config = config
         self.overrides: dict[str, tuple[bool, bool]] = {}
+        self.generation = 0
+        """Changes whenever a policy may answer differently (reload, toggle): what callers
+        derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
         self.config = config
+        self.generation += 1
         self.overrides.clear()
         self.cache.clear()
 
@@ -250,6 +260,7 @@ class Engine:
             spec.shadow if shadow is None else shadow,
         )
         self.overrides[name] = new
+        self.generation += 1
         self.cache.clear()
 
     async def hit(self, spec: PolicySpec, key: str, cost: int) -> Result:
@@ -332,23 +343,24 @@ class Engine:
             decision = _fixed(spec, self.clock(), allowed=not spec.block)
             metrics.decision(label, "disabled" if not spec.block else "rejected")
             return Result(decision, spec.name)
-        now_ms = int(self.clock() * 1000)
-        cached = self.cache.get(spec.name, key, cost, now_ms) if self.config.local_cache else None
+        cached = None
+        if self.cache._entries and self.config.local_cache:  # a dict: empty is the usual case
+            cached = self.cache.get(spec.name, key, cost, int(self.clock() * 1000))
         if cached is not None:
             metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected", key)
             if spec.shadow:
                 return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
             return Result(cached, spec.name, local=True)
-        call = self.limiter.hit if op == "hit" else self.limiter.peek
-        decision = await call(
-            stored, spec.policy.rates, algorithm=spec.algorithm, cost=cost, burst=spec.burst,
-            buckets=spec.buckets, aligned=spec.aligned, count_rejected=spec.count_rejected,
-        )  # fmt: skip
+        kind: Op = "hit" if op == "hit" else "peek"
+        local = self.limiter.decide_local(kind, stored, spec.policy, cost)
+        decision = (
+            await self.limiter.decide(kind, stored, spec.policy, cost) if local is None else local
+        )
+        if decision.allowed and not decision.degraded:  # the common answer
+            metrics.decision(label, "allowed")
+            return _result((decision, spec.name, False, False))
         if decision.degraded:
             metrics.decision(label, "degraded")
-            return Result(decision, spec.name)
-        if decision.allowed:
-            metrics.decision(label, "allowed")
             return Result(decision, spec.name)
         if self.config.local_cache:
             self.cache.put(spec.name, key, cost, decision)

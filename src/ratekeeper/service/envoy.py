@@ -46,6 +46,8 @@ from .metrics import EnvoyStats
 from .policies import PolicySpec
 
 YIELD_EVERY = 64
+MAX_RESOLVED = 10_000
+"""One-descriptor requests whose resolution (limit, policy, counter and stat keys) is kept."""
 UNITS_BY_SECONDS = {seconds: unit for unit, seconds in UNIT_SECONDS.items()}
 
 
@@ -106,6 +108,8 @@ class Envoy:
         self.engine = engine
         self.stats = stats
         self._overrides: dict[tuple[str, int, int], PolicySpec] = {}
+        self._resolved: dict[tuple[str, Descriptor, int], tuple[list[_Item], list[bool]]] = {}
+        self._generation = engine.generation
 
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits: int
@@ -117,7 +121,10 @@ class Envoy:
         if root is None:
             self.stats.not_found(domain)
             return self._finish(domain, descriptors, hits, [NO_LIMIT] * len(descriptors), {})
-        items, unlimited = self._resolve(domain, root, descriptors, hits)
+        if len(descriptors) == 1:  # Envoy's usual call: its resolution is cached
+            items, unlimited = self._resolve_one(domain, root, descriptors[0], hits)
+        else:
+            items, unlimited = self._resolve(domain, root, descriptors, hits)
         if settings.stop_increment_when_over_limit:
             results = await self._stop_increment(items)
         else:
@@ -178,6 +185,23 @@ class Envoy:
         for it in items:
             engine.check_key(it.key, "descriptors")
         return items, unlimited
+
+    def _resolve_one(
+        self, domain: str, root: EnvoyNode, descriptor: Descriptor, hits: int
+    ) -> tuple[list[_Item], list[bool]]:
+        """``_resolve`` of one descriptor, remembered until the engine's policies change
+        (at most ``MAX_RESOLVED`` of them; callers choose the values, so it is bounded)."""
+        if self._generation != self.engine.generation:
+            self._resolved.clear()
+            self._generation = self.engine.generation
+        cache_key = (domain, descriptor, hits)
+        found = self._resolved.get(cache_key)
+        if found is None:
+            found = self._resolve(domain, root, (descriptor,), hits)
+            if len(self._resolved) >= MAX_RESOLVED:
+                self._resolved.clear()
+            self._resolved[cache_key] = found
+        return found
 
     def override(self, domain: str, requests_per_unit: int, unit: int) -> PolicySpec:
         """The policy of a limit override: an upstream-counted fixed window of that rate (0

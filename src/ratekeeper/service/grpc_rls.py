@@ -54,18 +54,22 @@ class RateLimitServicer:
                 or (auth.admin_token and check_bearer(token, auth.admin_token))
             ):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+        settings = config.envoy
         try:
-            descriptors = descriptors_of(request, config.envoy.max_descriptors,
-                                         config.envoy.max_entries)  # fmt: skip
+            descriptors = descriptors_of(request, settings.max_descriptors, settings.max_entries)
             hits = request.hits_addend
             if hits > MAX_HITS:
                 raise BadRequest("hits_addend", f"hits_addend {hits} is over {MAX_HITS}")
-            check_reply_size(request, config.envoy.response_dynamic_metadata)
+            metadata = settings.response_dynamic_metadata
+            if len(descriptors) > 1 or metadata:  # one status alone is far below the bound
+                check_reply_size(request, metadata)
             answer = await self.envoy.should_rate_limit(request.domain, descriptors, hits)
         except BadRequest as exc:
             engine.metrics.refused.labels(exc.field).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.field}: {exc}")
         response = build_response(answer)
+        if len(answer.statuses) == 1 and answer.metadata is None:
+            return response  # one status and its headers: bounded far below MAX_REPLY_BYTES
         size = response.ByteSize()
         if size > MAX_REPLY_BYTES:  # charged already: say so rather than send what fails
             log.error("ShouldRateLimit reply of %d bytes is over %d", size, MAX_REPLY_BYTES)
@@ -88,9 +92,11 @@ def descriptors_of(request: Any, max_descriptors: int, max_entries: int) -> list
             f"{count} descriptors in one request; the limit is {max_descriptors} "
             "(envoy.max_descriptors)",
         )
-    entries = len(request.descriptors[0].entries) if count == 1 else 0
-    if count > 1:
-        entries = sum(len(d.entries) for d in request.descriptors)
+    descriptors = request.descriptors
+    if count == 1:
+        entries = len(descriptors[0].entries)
+    else:
+        entries = sum(len(d.entries) for d in descriptors)
     if entries > max_entries:
         raise BadRequest(
             "descriptors",
@@ -98,7 +104,11 @@ def descriptors_of(request: Any, max_descriptors: int, max_entries: int) -> list
             "(envoy.max_entries)",
         )
     out = []
-    for i, d in enumerate(request.descriptors):
+    for i, d in enumerate(descriptors):
+        pairs = tuple([(e.key, e.value) for e in d.entries])
+        if len(d.ListFields()) <= 1:  # entries only (or nothing): Envoy's usual descriptor
+            out.append(Descriptor(pairs))
+            continue
         hits = None
         if d.HasField("hits_addend"):
             hits = d.hits_addend.value
@@ -110,7 +120,7 @@ def descriptors_of(request: Any, max_descriptors: int, max_entries: int) -> list
         if d.HasField("limit"):
             check_override_unit(i, d.limit.unit)
             limit = (d.limit.requests_per_unit, d.limit.unit)
-        out.append(Descriptor(tuple([(e.key, e.value) for e in d.entries]), hits, limit))
+        out.append(Descriptor(pairs, hits, limit))
     return out
 
 
@@ -127,26 +137,31 @@ def check_reply_size(request: Any, dynamic_metadata: bool) -> None:
 
 
 def build_response(answer: Answer) -> Any:
-    """Statuses in request order, the overall code, headers and dynamic metadata."""
-    response = pb.RateLimitResponse(
-        overall_code=Response.OVER_LIMIT if answer.over else Response.OK
-    )
+    """Statuses in request order, the overall code, headers and dynamic metadata (built from
+    plain dicts: one constructor call is cheaper than setting fields one by one)."""
+    statuses = []
     for status in answer.statuses:
-        out = response.statuses.add(
-            code=Response.OVER_LIMIT if status.over else Response.OK,
-            limit_remaining=status.remaining,
-        )
+        out: dict[str, Any] = {
+            "code": Response.OVER_LIMIT if status.over else Response.OK,
+            "limit_remaining": status.remaining,
+        }
         if status.limit is not None:
             requests, unit, name = status.limit
-            out.current_limit.requests_per_unit = min(requests, 2**32 - 1)
-            out.current_limit.unit = unit
-            out.current_limit.name = name
+            out["current_limit"] = {
+                "requests_per_unit": min(requests, 2**32 - 1), "unit": unit, "name": name
+            }  # fmt: skip
             whole = int(status.reset)
-            out.duration_until_reset.seconds = whole
-            if status.reset != whole:
-                out.duration_until_reset.nanos = round((status.reset - whole) * 1e9) % 10**9
-    for key, value in answer.headers:
-        response.response_headers_to_add.add(key=key, value=value)
+            if status.reset == whole:
+                out["duration_until_reset"] = {"seconds": whole}
+            else:
+                nanos = round((status.reset - whole) * 1e9) % 10**9
+                out["duration_until_reset"] = {"seconds": whole, "nanos": nanos}
+        statuses.append(out)
+    response = Response(
+        overall_code=Response.OVER_LIMIT if answer.over else Response.OK,
+        statuses=statuses,
+        response_headers_to_add=[{"key": k, "value": v} for k, v in answer.headers],
+    )
     if answer.metadata is not None:
         response.dynamic_metadata.update(answer.metadata)
     return response

@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..decision import HEADER_NAMES
 from ..errors import BadRequest
 from . import dashboard
 from .config import OVER_LIMIT_STATUSES
@@ -45,6 +46,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Headers = dict[str, str] | list[tuple[bytes, bytes]]
 
 MAX_BODY = 64 * 1024
 CONCURRENCY_RETRY_AFTER = 1
@@ -55,14 +57,8 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
-_HEADER_NAMES = {
-    name: name.lower().encode()
-    for name in (
-        "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Used",
-        "RateLimit-Policy", "RateLimit", "Retry-After",
-    )
-}  # fmt: skip
-"""Header names of a decision, encoded once (the server sends names in lower case anyway)."""
+_HEADER_NAMES = tuple(name.lower().encode() for name in HEADER_NAMES)
+"""``Decision.header_values``' names, encoded once (servers send names in lower case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +91,15 @@ ROUTES: tuple[Route, ...] = (
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
 _EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
+_DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
+"""The client routes that decide, served before the router (``ROUTES`` says the same)."""
+_FIELDS = {
+    "hit": {"policy", "key", "cost", "over_limit_status"},
+    "peek": {"policy", "key", "cost"},
+    "refund": {"policy", "key", "cost"},
+    "reset": {"policy", "key"},
+}
+"""The body fields each decision route takes."""
 _TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
 
 
@@ -152,7 +157,19 @@ class HttpApi:
         method: str = scope["method"]
         self.in_flight += 1
         try:
-            status, body, headers = await self._route(scope, receive, path, method)
+            if path in _DECIDE and method == "POST":  # the hot routes, without the router
+                auth = self.engine.config.auth
+                if auth.token or auth.admin_token:
+                    self._authorize(scope, False)
+                message = await receive()  # _body's common case, inlined
+                body = message.get("body", b"")
+                if message.get("more_body", False) or message["type"] != "http.request":
+                    body = await _rest(scope, receive, message)
+                op = _DECIDE[path]
+                req = _object(body, _FIELDS[op])
+                status, body, headers = await self._decide(op, req)
+            else:
+                status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
             self.engine.metrics.refused.labels(exc.field).inc()
             status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
@@ -168,19 +185,22 @@ class HttpApi:
             payload = body
         else:
             payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        names = _HEADER_NAMES
-        raw = [
-            (names.get(k) or k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-        if "content-type" not in headers:
+        if isinstance(headers, list):  # a decision's, encoded already
+            raw = headers
             raw.append(_JSON)
+        elif headers:
+            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+            if "content-type" not in headers:
+                raw.append(_JSON)
+        else:
+            raw = [_JSON]
         raw.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
-    ) -> tuple[int, Any, dict[str, str]]:
+    ) -> tuple[int, Any, Headers]:
         route = find_route(path)
         access = route.access if route is not None else _access_of_unknown(path)
         if access != "public":  # before anything else: no route reveals itself without a token
@@ -237,31 +257,36 @@ class HttpApi:
         req = _object(await _body(scope, receive), _FIELDS[op])
         return await self._decide(op, req)
 
-    async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+    async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
         engine = self.engine
-        spec = engine.spec(req.get("policy"))
+        name = req.get("policy")
+        spec = None
+        if type(name) is str and name not in engine.overrides:  # engine.spec's common case
+            spec = engine.config.policies.get(name)
+        if spec is None:
+            spec = engine.spec(name)
         if "key" not in req:
             raise BadRequest("key", "key is missing; expected a non-empty string")
-        key = engine.check_key(req["key"])
+        key = req["key"]
+        limit = engine.config.max_key_length
+        if type(key) is not str or not key.isascii() or not 0 < len(key) <= limit:
+            key = engine.check_key(key)  # the checks with their messages
         cost = req.get("cost", 1)
         if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
             cost = int(cost)
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
-        if op == "hit":
-            over = _over_limit_status(req, engine.config.over_limit_status)
-            result = await engine.hit(spec, key, cost)
+        if op == "hit" or op == "peek":
+            over = 200 if op == "peek" else _over_limit_status(req, engine.config.over_limit_status)
+            stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
+            result = await engine.decide(op, spec, key, cost, stored)
             status = 200 if result.decision.allowed else over
-            return status, _result_body(result), result.decision.headers(spec.name)
-        if op == "peek":
-            result = await engine.peek(spec, key, cost)
-        elif op == "refund":
+            return status, _result_body(result), _decision_headers(result)
+        if op == "refund":
             await engine.refund(spec, key, cost)
             return 200, {"refunded": cost, "policy": spec.name}, {}
-        else:
-            await engine.reset(spec, key)
-            return 200, {"reset": True, "policy": spec.name}, {}
-        return 200, _result_body(result), result.decision.headers(spec.name)
+        await engine.reset(spec, key)
+        return 200, {"reset": True, "policy": spec.name}, {}
 
     def _describe(self, name: str) -> dict[str, Any]:
         if name in self.engine.config.concurrency:
@@ -332,15 +357,6 @@ def _same(given: bytes, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given, expected.encode())
 
 
-_FIELDS = {
-    "hit": {"policy", "key", "cost", "over_limit_status"},
-    "peek": {"policy", "key", "cost"},
-    "refund": {"policy", "key", "cost"},
-    "reset": {"policy", "key"},
-}
-"""The body fields each decision route takes."""
-
-
 def _over_limit_status(req: dict[str, Any], default: int) -> int:
     """The status a hit over its limit answers with: the request's ``over_limit_status`` or
     the config's ``limits.over_limit_status``. 200 by default: the call itself succeeded, and
@@ -351,6 +367,12 @@ def _over_limit_status(req: dict[str, Any], default: int) -> int:
             "over_limit_status", f"over_limit_status {status!r} is invalid; expected 200 or 429"
         )
     return int(status)
+
+
+def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:
+    """A decision's headers (``Decision.headers``) as the server sends them."""
+    values = result.decision.header_values(result.policy)  # ASCII: names are escaped
+    return list(zip(_HEADER_NAMES, map(str.encode, values), strict=False))
 
 
 def _result_json(result: Result) -> dict[str, Any]:
@@ -423,6 +445,16 @@ def _method(method: str, expected: str) -> None:
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")
+        if len(body) <= MAX_BODY:  # the whole body, small: its length needs no other check
+            return body
+    return await _rest(scope, receive, message)
+
+
+async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
+    """The body after its first message: refused early when its length is over the limit."""
     for k, v in scope["headers"]:
         if k == b"content-length":
             if not v.isdigit():
@@ -432,7 +464,6 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise BadRequest("body", "the client went away before sending the body")
         chunk = message.get("body", b"")
@@ -442,15 +473,22 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+        message = await receive()
 
 
 def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
-    if not raw.strip():
-        raise BadRequest("body", "the body is empty; expected a JSON object")
-    try:
-        value = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
+    """The body as a JSON object of known fields, or ``BadRequest`` saying what is wrong."""
+    value: Any = None
+    if raw[:1] == b"{" and raw[-1:] == b"}" and len(raw) <= MAX_BODY:
+        try:  # a UTF-8 object, read by the C scanner (json.loads builds a decoder per call)
+            text = raw.decode()
+            value, end = _SCAN(text, 0)
+            if end != len(text):
+                value = None
+        except (ValueError, StopIteration, RecursionError):
+            value = None
+    if value is None:  # anything else through json.loads, so its messages stay the same
+        value = _slow_object(raw)
     if not isinstance(value, dict):
         raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
     for name in value:
@@ -461,8 +499,24 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
     return value
 
 
+def _slow_object(raw: bytes) -> Any:
+    if len(raw) > MAX_BODY:
+        raise BadRequest("body", f"body is {len(raw)} bytes; the limit is {MAX_BODY}", 413)
+    if not raw.strip():
+        raise BadRequest("body", "the body is empty; expected a JSON object")
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(
+    parse_constant=_no_constant
+).scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, missing in typeshed
 
 
 def _optional_bool(req: dict[str, Any], name: str) -> bool | None:

@@ -22,21 +22,26 @@ latency and error metrics.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
-from ..algorithms import Outcome
+from ..algorithms import Algorithm, Limit, Outcome
 from ..metrics import core
 from ..metrics.prometheus import register
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
+from ..stores.memory import MemoryStore
 from ..stores.sharded import ShardedRedisStore
 
 TOP_KEYS = 64
@@ -44,17 +49,82 @@ TOP_KEYS = 64
 
 
 class Metrics(core.Metrics):
-    """The service's metrics (the shared ``Metrics``) and their exposition."""
+    """The service's metrics (the shared ``Metrics``) and their exposition.
 
-    def __init__(self) -> None:
+    Under ``--workers`` (``worker`` set) every series carries ``worker="<i>"``; each worker
+    writes its series to ``peers_dir`` (``publish``, every second) and answers a scrape with
+    its own series and the other workers' last published ones, so any worker a scrape reaches
+    reports them all.
+    """
+
+    def __init__(self, worker: int | None = None, peers_dir: str | None = None) -> None:
         super().__init__(top_keys=TOP_KEYS)
+        self.worker = worker
+        self.peers_dir = Path(peers_dir) if peers_dir else None
         self.registry = CollectorRegistry(auto_describe=True)
         register(self, self.registry)
         self.envoy = EnvoyStats(self.registry, 0.8, 1000)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
-        return generate_latest(self.registry)
+        if self.worker is None:
+            return generate_latest(self.registry)
+        texts = [self.publish()]
+        if self.peers_dir is not None:
+            for path in sorted(self.peers_dir.glob("*.prom")):
+                if path.stem != str(self.worker):
+                    with contextlib.suppress(OSError):  # a worker replacing its file
+                        texts.append(path.read_text())
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_Merged(texts))
+        return generate_latest(merged)
+
+    def publish(self) -> str:
+        """This worker's series, labelled with it, also written to ``peers_dir``."""
+        assert self.worker is not None
+        labelled = CollectorRegistry(auto_describe=False)
+        labelled.register(_Labelled(self.registry, str(self.worker)))
+        text = generate_latest(labelled).decode()
+        if self.peers_dir is not None:
+            path = self.peers_dir / f"{self.worker}.prom"
+            partial = path.with_suffix(".tmp")
+            with contextlib.suppress(OSError):  # the supervisor removed it: shutting down
+                partial.write_text(text)
+                os.replace(partial, path)
+        return text
+
+
+class _Labelled:
+    """A registry's metrics with a ``worker`` label on every sample."""
+
+    def __init__(self, registry: CollectorRegistry, worker: str) -> None:
+        self.registry, self.worker = registry, worker
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                s._replace(labels={**s.labels, "worker": self.worker}) for s in family.samples
+            ]
+            yield out
+
+
+class _Merged:
+    """Several workers' expositions as one: each family once, with every worker's samples."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for text in self.texts:
+            for family in text_string_to_metric_families(text):
+                have = families.get(family.name)
+                if have is None:
+                    families[family.name] = family
+                else:
+                    have.samples.extend(family.samples)
+        yield from families.values()
 
 
 class InstrumentedStore:
@@ -73,6 +143,24 @@ class InstrumentedStore:
             raise
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
+
+
+class InstrumentedLocalStore(InstrumentedStore):
+    """``InstrumentedStore`` over an in-process store: its ``hit_one`` is timed too, so the
+    limiters keep their shortcut (``LocalStore``)."""
+
+    def __init__(self, inner: MemoryStore, metrics: Metrics) -> None:
+        super().__init__(inner, metrics)
+        self._hit_one = inner.hit_one
+        self._latency = metrics.store_latency.labels()  # the one series: no lookup per call
+
+    def hit_one(
+        self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
+    ) -> Outcome:
+        start = time.perf_counter()
+        outcome = self._hit_one(slot, key, algorithm, limit, now, cost)
+        self._latency.observe(time.perf_counter() - start)
+        return outcome
 
 
 class InstrumentedPartitionedStore(InstrumentedStore):

@@ -53,7 +53,13 @@ from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import handler
 from .http import HttpApi
-from .metrics import InstrumentedLeases, InstrumentedPartitionedStore, InstrumentedStore, Metrics
+from .metrics import (
+    InstrumentedLeases,
+    InstrumentedLocalStore,
+    InstrumentedPartitionedStore,
+    InstrumentedStore,
+    Metrics,
+)
 from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
@@ -74,6 +80,11 @@ class ServeOptions:
     """Read dot files in config directories too (envoyproxy/ratelimit's default)."""
     watch_interval: float = 1.0
     """Seconds between looks at config directories for changes (0: do not watch)."""
+    worker: int | None = None
+    """This process's index under ``--workers`` (None: the only process): its ports are
+    shared (SO_REUSEPORT), its metrics carry ``worker="<i>"`` and are published to
+    ``metrics_dir`` for the other workers to include."""
+    metrics_dir: str | None = None
     store_wait: float = 5.0
     """Seconds to wait at startup for the store to answer (0: one try)."""
     start_degraded: bool = False
@@ -101,6 +112,13 @@ GRPC_OPTIONS = (
 it), idle close and keepalive (see the constants above)."""
 
 
+def grpc_options(shared: bool) -> tuple[tuple[str, int], ...]:
+    """``GRPC_OPTIONS``, with SO_REUSEPORT for a worker (its supervisor holds the port)."""
+    if not shared:
+        return GRPC_OPTIONS
+    return (("grpc.so_reuseport", 1), *(o for o in GRPC_OPTIONS if o[0] != "grpc.so_reuseport"))
+
+
 def build_store(
     settings: config_mod.StoreSettings, metrics: Metrics
 ) -> tuple[AsyncStore, InstrumentedLeases]:
@@ -109,7 +127,7 @@ def build_store(
     s = settings
     if s.kind == "memory":
         memory = MemoryStore(max_keys=s.max_keys)
-        return InstrumentedStore(memory, metrics), InstrumentedLeases(memory, metrics)
+        return InstrumentedLocalStore(memory, metrics), InstrumentedLeases(memory, metrics)
     if s.kind == "redis":
         store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
         leases = InstrumentedLeases(store, metrics)
@@ -144,7 +162,7 @@ class Service:
         self.options = options
         self.config = config_mod.load(options.config_files, dotfiles=options.dotfiles)
         _warn(self.config)
-        self.metrics = Metrics()
+        self.metrics = Metrics(options.worker, options.metrics_dir)
         self.metrics.policies.set(len(self.config.policies))
         self.metrics.envoy.configure(
             self.config.envoy.near_limit_ratio, self.config.envoy.max_stat_keys
@@ -215,11 +233,12 @@ class Service:
         """Serve until SIGINT/SIGTERM."""
         opts = self.options
         loop = asyncio.get_running_loop()
-        sock = _listen(opts.host, opts.port)  # first, so a busy port fails cleanly
+        shared = opts.worker is not None
+        sock = _listen(opts.host, opts.port, shared)  # first, so a busy port fails cleanly
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+            grpc_server = grpc.aio.server(options=grpc_options(shared))
             grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
@@ -230,29 +249,20 @@ class Service:
                     f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
                 ) from None
             await grpc_server.start()
-        uv_config = uvicorn.Config(
-            self.api,
-            host=opts.host,
-            port=opts.port,
-            loop="none",
-            http=guarded_protocol(
-                opts.header_timeout,
-                opts.max_connections or default_max_connections(),
-            ),
-            lifespan="off",
-            access_log=False,
-            proxy_headers=False,  # client address and scheme are never used: skip the rewrite
-            log_level="warning",
-        )
+        uv_config = uvicorn_config(self.api, opts)
         server = uvicorn.Server(uv_config)
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        watcher = None
+        chores: list[asyncio.Task[None]] = []
         if opts.watch_interval > 0 and any(os.path.isdir(p) for p in opts.config_files):
-            watcher = asyncio.create_task(
-                watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
+            chores.append(
+                asyncio.create_task(
+                    watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
+                )
             )
+        if shared:
+            chores.append(asyncio.create_task(self._publish()))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -260,17 +270,46 @@ class Service:
             where = f"ratekeeper serving HTTP on http://{opts.host}:{http_port}"
             if grpc_port is not None:
                 where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
-            print(where, f"[store: {self.config.store.kind}]", flush=True)
+            worker = "" if opts.worker is None else f" [worker {opts.worker}]"
+            print(where, f"[store: {self.config.store.kind}]{worker}", flush=True)
             print("config: " + ", ".join(self.config.files), flush=True)
             if ready is not None:
                 ready.set()
         try:
             await task
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for chore in chores:
+                chore.cancel()
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+
+    async def _publish(self) -> None:
+        """A worker's chore: publish its metrics every second for the other workers, and stop
+        when its supervisor is gone (its parent changed)."""
+        parent = os.getppid()
+        while True:
+            self.metrics.publish()
+            await asyncio.sleep(1.0)
+            if os.getppid() != parent:
+                log.error("the supervisor is gone; worker %s stops", self.options.worker)
+                signal.raise_signal(signal.SIGTERM)
+
+
+def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
+    """The HTTP server's settings (also the benchmark's empty-route ceiling's)."""
+    return uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        loop="none",
+        http=guarded_protocol(
+            options.header_timeout, options.max_connections or default_max_connections()
+        ),
+        lifespan="off",
+        access_log=False,
+        proxy_headers=False,  # client address and scheme are never used: skip the rewrite
+        log_level="warning",
+    )
 
 
 def _warn(config: config_mod.ServiceConfig) -> None:
@@ -278,8 +317,9 @@ def _warn(config: config_mod.ServiceConfig) -> None:
         log.warning("config: %s", warning)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use)."""
+def _listen(host: str, port: int, shared: bool = False) -> socket.socket:
+    """The HTTP listening socket, or a ``ConfigError`` naming the address (e.g. port in use);
+    ``shared``: with SO_REUSEPORT, as every worker of a supervisor listens."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -289,6 +329,8 @@ def _listen(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen for HTTP on {host}:{port} (--host): {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
         sock.setblocking(False)
@@ -306,7 +348,10 @@ def _host(host: str) -> str:
 
 def serve(options: ServeOptions) -> int:
     """Build and run the service (on uvloop when installed); return the process exit code."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    worker = "" if options.worker is None else f"[worker {options.worker}] "
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s %(levelname)s {worker}%(message)s"
+    )
 
     async def main() -> None:
         service = Service(options)

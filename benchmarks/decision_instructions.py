@@ -1,0 +1,175 @@
+"""Instructions per decision of the service's own code, counted by callgrind (repeatable on a
+busy machine, where times are not).
+
+The HTTP app (``POST /v1/hit``, with a receive/send that do nothing) and the gRPC servicer
+(``ShouldRateLimit`` on a parsed request, its reply serialized) run in process on the memory
+store; valgrind counts a run of ``--few`` and one of ``--many`` calls, and the difference
+divided by the extra calls is the cost of one (start-up cancels out).
+
+    python benchmarks/decision_instructions.py             # both paths, needs valgrind
+    python benchmarks/decision_instructions.py --run http 1000   # what valgrind runs
+
+``--ceilings`` counts the stacks themselves the same way: ``empty_service.py`` runs under
+valgrind while h2load sends it ``--many`` requests of each protocol (against a run that gets
+none), so the figure is the server's own instructions per request (the kernel's are not
+counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CONFIG = """store: memory
+policies:
+  bench:
+    rate: 1000000000/hour
+domains:
+  - domain: bench
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"""
+
+
+async def drive(path: str, calls: int, config: Path) -> None:
+    from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
+    from envoy.service.ratelimit.v3 import rls_pb2 as pb
+
+    from ratekeeper.service.grpc_rls import RateLimitServicer
+    from ratekeeper.service.server import ServeOptions, Service
+
+    service = Service(ServeOptions((str(config),)))
+    if path == "grpc":
+        servicer = RateLimitServicer(service.envoy)
+        entry = common_pb.RateLimitDescriptor.Entry(key="user", value="42")
+        raw = pb.RateLimitRequest(
+            domain="bench", descriptors=[common_pb.RateLimitDescriptor(entries=[entry])]
+        ).SerializeToString()
+        context: Any = None  # no auth configured: the servicer never reads it
+        for _ in range(calls):
+            reply = await servicer.should_rate_limit(pb.RateLimitRequest.FromString(raw), context)
+            reply.SerializeToString()
+        return
+    body = b'{"policy":"bench","key":"user:42"}'
+    scope = {
+        "type": "http", "path": "/v1/hit", "method": "POST",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"34")],
+    }  # fmt: skip
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def send(_: dict[str, Any]) -> None:
+        return None
+
+    for _ in range(calls):
+        await service.api(scope, receive, send)
+
+
+def run(path: str, calls: int) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        config = Path(work) / "bench.yaml"
+        config.write_text(CONFIG)
+        try:
+            import uvloop
+
+            uvloop.run(drive(path, calls, config))
+        except ImportError:
+            asyncio.run(drive(path, calls, config))
+
+
+def count(path: str, calls: int) -> int:
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         __file__, "--run", path, str(calls)],
+        capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    m = re.search(r"Collected : (\d+)", out)
+    assert m is not None, out
+    return int(m.group(1))
+
+
+def ceiling(requests: int, api: str | None) -> int:
+    """Instructions of ``empty_service.py`` under valgrind that answered ``requests`` calls."""
+    import signal
+    import socket
+    import struct
+    import time
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         str(Path(__file__).with_name("empty_service.py")), "--port", str(ports[0]),
+         "--grpc-port", str(ports[1])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert server.stdout is not None
+    server.stdout.readline()  # its banner: listening
+    with tempfile.TemporaryDirectory() as work:
+        body = Path(work) / "body"
+        if api == "http":
+            body.write_bytes(b'{"policy":"bench","key":"user:42"}')
+            url = f"http://127.0.0.1:{ports[0]}/v1/hit"
+            extra = ["--h1", "-H", "content-type:application/json"]
+        else:
+            from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
+            from envoy.service.ratelimit.v3 import rls_pb2 as pb
+
+            entry = common_pb.RateLimitDescriptor.Entry(key="user", value="42")
+            raw = pb.RateLimitRequest(
+                domain="bench", descriptors=[common_pb.RateLimitDescriptor(entries=[entry])]
+            ).SerializeToString()
+            body.write_bytes(b"\0" + struct.pack(">I", len(raw)) + raw)
+            url = f"http://127.0.0.1:{ports[1]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+            extra = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
+        if requests:
+            subprocess.run(
+                ["h2load", "-n", str(requests), "-c", "4", "-t", "1", *extra, "-d", str(body), url],
+                capture_output=True, check=True, timeout=600,
+            )  # fmt: skip
+    time.sleep(1)
+    server.send_signal(signal.SIGINT)
+    _, err = server.communicate(timeout=300)
+    m = re.search(r"Collected : (\d+)", err)
+    assert m is not None, err
+    return int(m.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", nargs=2, metavar=("PATH", "CALLS"), help=argparse.SUPPRESS)
+    parser.add_argument("--few", type=int, default=1000)
+    parser.add_argument("--many", type=int, default=4000)
+    parser.add_argument("--ceilings", action="store_true", help="count the empty servers too")
+    args = parser.parse_args()
+    if args.run:
+        run(args.run[0], int(args.run[1]))
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    if args.ceilings:
+        idle = ceiling(0, None)
+        for api in ("http", "grpc"):
+            per = (ceiling(args.many, api) - idle) / args.many
+            print(f"{api} ceiling: {per:,.0f} instructions per request (empty_service.py)")
+    for path in ("http", "grpc"):
+        extra = count(path, args.many) - count(path, args.few)
+        per = extra / (args.many - args.few)
+        print(f"{path}: {per:,.0f} instructions per decision (memory store, in process)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The ceilings of the service's stacks: the same servers with handlers that do nothing.
+
+An empty ``grpc.aio`` unary ``ShouldRateLimit`` handler returning a fixed response, and an
+empty ASGI route returning a fixed JSON decision, served exactly as ``ratekeeper serve``
+serves (``server.uvicorn_config`` and ``server.grpc_options``, one uvloop event loop for
+both). ``bench_service.py`` runs it beside the service and divides.
+
+    python benchmarks/empty_service.py --port 0 --grpc-port 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import grpc
+import uvicorn
+from envoy.service.ratelimit.v3 import rls_pb2 as pb
+
+from ratekeeper.service.grpc_rls import SERVICE
+from ratekeeper.service.server import ServeOptions, _listen, _loop_factory, grpc_options
+from ratekeeper.service.server import uvicorn_config as make_config
+
+BODY = (
+    b'{"allowed":true,"limit":1000000000,"remaining":999999999,"reset_at":1800000000.0,'
+    b'"retry_after":null,"policy":"bench","degraded":false,"shadow":false}'
+)
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
+RESPONSE = pb.RateLimitResponse(overall_code=pb.RateLimitResponse.OK)
+RESPONSE.statuses.add(code=pb.RateLimitResponse.OK, limit_remaining=999_999_999)
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the request body, answers the fixed decision."""
+    if scope["type"] != "http":
+        return
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": BODY})
+
+
+async def should_rate_limit(request: Any, context: Any) -> Any:
+    return RESPONSE
+
+
+async def main(options: ServeOptions) -> None:
+    sock = _listen(options.host, options.port)
+    server = grpc.aio.server(options=grpc_options(False))
+    method = grpc.unary_unary_rpc_method_handler(
+        should_rate_limit,
+        request_deserializer=pb.RateLimitRequest.FromString,
+        response_serializer=pb.RateLimitResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {"ShouldRateLimit": method}),)
+    )
+    grpc_port = server.add_insecure_port(f"{options.host}:{options.grpc_port}")
+    await server.start()
+    http = uvicorn.Server(make_config(app, options))
+    task = asyncio.create_task(http.serve(sockets=[sock]))
+    while not http.started and not task.done():
+        await asyncio.sleep(0.01)
+    port = sock.getsockname()[1]
+    print(f"empty service on http://{options.host}:{port} and gRPC {grpc_port}", flush=True)
+    try:
+        await task
+    finally:
+        await server.stop(grace=1.0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--grpc-port", type=int, default=0)
+    args = parser.parse_args()
+    opts = ServeOptions((), args.host, args.port, args.grpc_port)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main(opts))
