@@ -1,11 +1,14 @@
-"""``ratekeeper simulate`` speed: log lines per second for a one-rate limit, beside its ceilings.
+"""``ratekeeper simulate`` speed: log lines per second for a one-rate limit, beside its floors.
 
-A generated combined-format log (``--lines`` lines, 10,000 client IPs, a few heavy hitters)
-is replayed in one process, in one run:
+A generated combined-format log (``--lines`` lines, 200 a second, about 10,000 client IPs and
+three heavy hitters) is replayed in one process, in one run:
 
-- ``read + parse``: ``LogReader`` alone (the floor every replay pays);
-- ``Limiter.hit loop``: the parsed entries through ``Limiter.hit`` with a ManualClock, no
-  reading and no stats (the floor of deciding);
+- ``read + parse, every field``: ``LogReader.read``, the entries every general replay reads;
+- ``read + parse, one field``: ``LogReader.runs`` for ``ip``, what ``--limit`` reads;
+- ``Limiter.hit loop``: the parsed (time, ip) pairs through ``Limiter.hit`` with a
+  ManualClock, no reading and no stats;
+- ``MemoryStore.hit_one loop``: the same through the store call that ``Limiter.hit`` makes
+  for one rate, which ``--limit`` makes on every line;
 - ``simulate --limit``: one candidate limit, the whole replay (reading, clock, decision,
   stats, demand spooling), without and with the suggested-limit search afterwards;
 - ``simulate --checks``: the same limit as a middleware ``RateCheck`` through the WSGI
@@ -13,27 +16,36 @@ is replayed in one process, in one run:
 
 Run::
 
-    .venv/bin/python -m benchmarks.bench_simulate [--lines 500000]
+    .venv/bin/python -m benchmarks.bench_simulate [--lines 500000] [--rounds 3]
 
-Prints lines per second by process CPU time (``time.process_time``, so other programs on a
-shared machine count less) and by wall time, and each row's ratio to the parse floor.
+Rows run in interleaved rounds (the order rotates every round, so drift in the machine's
+load hits them alike). Each row prints its median round's lines per second by process CPU
+time (``time.process_time``, so other programs on a shared machine count less) and by wall
+time, and its ratio to ``read + parse, every field``. The last line puts ``--limit`` beside
+its floor: a one-field parse and a ``hit_one`` per line, their costs added.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
+import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from ratekeeper import Limiter, ManualClock
+from ratekeeper import Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, keys
+from ratekeeper.plan import make_policy
 from ratekeeper.simulate.logs import LogReader, open_log
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
+
+RATE = "100/minute"
 
 
 def write_log(path: str, lines: int, seed: int = 1) -> None:
@@ -52,59 +64,103 @@ def write_log(path: str, lines: int, seed: int = 1) -> None:
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    gc.collect()
     cpu, wall = time.process_time(), time.perf_counter()
     fn()
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
+def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
+    pairs: list[tuple[float, str]] = []
+    with open_log(path) as stream:
+        pairs.extend((e.time, e.fields["ip"]) for e in LogReader("combined").read(stream))
+
+    def parse() -> None:
+        with open_log(path) as stream:
+            for _ in LogReader("combined").read(stream):
+                pass
+
+    def parse_one_field() -> None:
+        with open_log(path) as stream:
+            for _ in LogReader("combined").runs(stream, "ip"):
+                pass
+
+    def hit_loop() -> None:
+        clock = ManualClock(0)
+        hit = Limiter(MemoryStore(max_keys=sys.maxsize), clock=clock).hit
+        for t, ip in pairs:
+            clock._now = t
+            hit(ip, RATE)
+
+    def hit_one_loop() -> None:
+        policy = make_policy(RATE, "fixed_window", None, None)
+        hit_one = MemoryStore(max_keys=sys.maxsize).hit_one
+        slot, algorithm, limit = policy.slots[0], policy.algorithm, policy.limits[0]
+        for t, ip in pairs:
+            hit_one(slot, ip, algorithm, limit, int(t * 1000 + 0.5), 1)
+
+    def candidates(suggest: bool) -> Callable[[], object]:
+        def run() -> object:
+            target = CandidatesTarget({"per-ip": RATE}, "ip", "fixed_window", ManualClock(0))
+            return replay(target, Options([path], "combined", suggest=suggest), "candidates")
+
+        return run
+
+    def checks() -> object:
+        check = RateCheck("per-ip", RATE, key=keys.client_ip())
+        target = ChecksTarget([check], ManualClock(0), "enforce")
+        return replay(target, Options([path], "combined", suggest=False), "enforce")
+
+    return [
+        ("read + parse, every field", parse),
+        ("read + parse, one field (--limit reads this)", parse_one_field),
+        ("Limiter.hit loop over parsed lines", hit_loop),
+        ("MemoryStore.hit_one loop (--limit calls this)", hit_one_loop),
+        ("simulate --limit, no suggestions", candidates(False)),
+        ("simulate --limit, with suggestions", candidates(True)),
+        ("simulate --checks (WSGI gate), no suggestions", checks),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     fd, path = tempfile.mkstemp(suffix=".log")
     os.close(fd)
     try:
         write_log(path, args.lines)
-        entries: list[tuple[float, str]] = []
-
-        def parse() -> None:
-            with open_log(path) as stream:
-                entries.extend((e.time, e.fields["ip"]) for e in LogReader("combined").read(stream))
-
-        def hit_loop() -> None:
-            clock = ManualClock(0)
-            hit = Limiter(clock=clock).hit
-            for t, ip in entries:
-                clock._now = t
-                hit(ip, "100/minute")
-
-        def candidates(suggest: bool) -> Callable[[], object]:
-            def run() -> object:
-                target = CandidatesTarget({"per-ip": "100/minute"}, "ip", "fixed_window",
-                                          ManualClock(0))  # fmt: skip
-                return replay(target, Options([path], "combined", suggest=suggest), "candidates")
-
-            return run
-
-        def checks() -> object:
-            check = RateCheck("per-ip", "100/minute", key=keys.client_ip())
-            target = ChecksTarget([check], ManualClock(0), "enforce")
-            return replay(target, Options([path], "combined", suggest=False), "enforce")
-
-        rows = [
-            ("read + parse", parse),
-            ("Limiter.hit loop (parsed entries)", hit_loop),
-            ("simulate --limit, no suggestions", candidates(False)),
-            ("simulate --limit, with suggestions", candidates(True)),
-            ("simulate --checks (WSGI gate), no suggestions", checks),
-        ]
-        print(f"{args.lines:,} lines; lines/s by CPU time (by wall time); ratio to the parse floor")
-        floor = None
-        for name, fn in rows:
-            cpu, wall = timed(fn)
-            rate = args.lines / cpu
-            floor = floor or rate
-            print(f"  {name:46s} {rate:>10,.0f} ({args.lines / wall:>9,.0f})  {rate / floor:4.2f}")
+        table = rows(path)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in table}
+        for r in range(args.rounds):
+            shift = r % len(table)
+            for name, fn in table[shift:] + table[:shift]:
+                times[name].append(timed(fn))
+        print(
+            f"{args.lines:,} lines; lines/s by CPU time (wall time), median of {args.rounds} "
+            "rounds; ratio to read + parse, every field"
+        )
+        rate: dict[str, float] = {}
+        for name, _ in table:
+            cpu, wall = sorted(times[name])[len(times[name]) // 2]
+            rate[name] = args.lines / cpu
+            floor = rate[table[0][0]]
+            print(
+                f"  {name:46s} {rate[name]:>10,.0f} ({args.lines / wall:>9,.0f})  "
+                f"{rate[name] / floor:4.2f}"
+            )
+        parse_one, hit_one, limit = (rate[table[i][0]] for i in (1, 3, 4))
+        bound = 1 / (1 / parse_one + 1 / hit_one)
+        print(
+            f"--limit's floor (one-field parse + hit_one per line): {bound:,.0f} lines/s; "
+            f"--limit reaches {limit / bound:.2f} of it"
+        )
+        spread = max(
+            (max(c for c, _ in v) - min(c for c, _ in v)) / statistics.median(c for c, _ in v)
+            for v in times.values()
+        )
+        print(f"largest spread of a row's CPU times between rounds: {spread:.0%}")
     finally:
         os.unlink(path)
 

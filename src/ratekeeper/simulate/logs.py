@@ -19,7 +19,6 @@ import csv
 import gzip
 import io
 import json
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from datetime import datetime
 from typing import IO, Any, NamedTuple
 
 from ..errors import ConfigError
+from .combined import LINE, NAMES, block_pattern, blocks
 
 FORMATS = ("auto", "combined", "jsonl", "csv")
 TIME_FIELDS = ("time", "timestamp", "ts", "@timestamp", "time_local", "date")
@@ -37,14 +37,9 @@ KNOWN_ALIASES: dict[str, tuple[str, ...]] = {
     "path": ("path", "uri", "request_uri", "url", "request_path"),
     "status": ("status", "status_code", "response_code"),
 }
-_COMBINED = re.compile(
-    r'(\S+) \S+ (\S+) \[([^\]]+)\] "(\S+) (\S+)(?: (\S+))?" (\d{3}) (\S+)'
-    r'(?: "([^"]*)" "([^"]*)")?'
-)
-_NAMES = ("ip", "user", "time", "method", "path", "protocol", "status", "bytes", "referer",
-          "user_agent")  # fmt: skip
-"""The combined format's groups, in order."""
 SAMPLES = 5
+RUN_LINES = 4096
+"""Lines per list of ``LogReader.runs`` when the runs come from entries."""
 
 
 @dataclass(slots=True)
@@ -68,6 +63,10 @@ class Entry(NamedTuple):
 
     time: float
     fields: Mapping[str, str]
+
+
+Run = tuple[float, list[str | None]]
+"""Consecutive log lines of one time: the time, and one field of each line."""
 
 
 def open_log(path: str) -> IO[bytes]:
@@ -151,10 +150,32 @@ class LogReader:
         self.aliases = dict(aliases or {})
         self.stats = LogStats()
         self.time = TimeParser()
+        self._split: tuple[str, list[str]] = ("", [])
+        """The lines of the last block a bad time was found in."""
 
     def read(self, stream: IO[bytes]) -> Iterator[Entry]:
         """Entries of ``stream`` in file order; bad lines go to ``stats``. (Not a generator
         itself: it returns the format's own, one layer less per line.)"""
+        opened = self._open(stream)
+        return iter(()) if opened is None else self._entries(*opened)
+
+    def runs(self, stream: IO[bytes], name: str) -> Iterator[list[Run]]:
+        """What ``read`` gives, grouped: lists of runs of consecutive entries with one time,
+        each as ``(time, [entry.fields.get(name) for each entry])``. A replay keyed on one
+        field reads this: a combined log is then parsed for that field and the time only.
+        A run may be split between lists; a list holds a bounded number of lines."""
+        opened = self._open(stream)
+        if opened is None:
+            return iter(())
+        fmt, text, first = opened
+        if fmt == "combined" and name in NAMES and name != "time":
+            return self._combined_runs(text, first, name)
+        return _grouped(self._entries(fmt, text, first), name)
+
+    def _open(self, stream: IO[bytes]) -> tuple[str, IO[str], str] | None:
+        """The format, the text, and its first line that is not blank (None: there is none;
+        the blank lines before it are counted, and so is it unless the format is combined,
+        whose reader counts it)."""
         text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
         stats = self.stats
         first = ""
@@ -164,17 +185,21 @@ class LogReader:
             if first.strip():
                 break
         if not first.strip():
-            return iter(())
+            return None
         fmt = self.fmt
         if fmt == "auto":
             if first.lstrip().startswith("{"):
                 fmt = "jsonl"
             else:
-                fmt = "combined" if _COMBINED.match(first) else "csv"
+                fmt = "combined" if LINE.match(first) else "csv"
         if fmt == "combined":
             stats.lines -= 1
             stats.bytes_read -= len(first)
-            return self._combined(_chain(first, text))
+        return fmt, text, first
+
+    def _entries(self, fmt: str, text: IO[str], first: str) -> Iterator[Entry]:
+        if fmt == "combined":
+            return self._combined(text, first)
         if fmt == "jsonl":
             return self._jsonl(first, self._count(text))
         return self._csv(first, self._count(text))
@@ -186,39 +211,109 @@ class LogReader:
             stats.bytes_read += len(line)
             yield line
 
-    def _combined(self, lines: Iterator[str]) -> Iterator[Entry]:
-        """The hot loop of most replays: it counts lines itself (no ``_count`` layer)."""
+    def _combined(self, text: IO[str], first: str) -> Iterator[Entry]:
+        """The hot loop of most replays: one ``findall`` per block of lines."""
         stats = self.stats
-        match = _COMBINED.match
-        parse_time = self.time
-        n = stats.lines
-        size = stats.bytes_read
-        parsed = 0
+        rows = block_pattern(NAMES).findall
+        time_of = self._time_of
+        n = begun = stats.lines
+        skipped = 0
+        seen = None  # the time text of the line before
+        t = 0.0
         try:
-            for line in lines:
-                n += 1
-                size += len(line)
-                m = match(line)
-                if m is None:
-                    if line.strip():
-                        stats.bad(n, line.rstrip("\n"), "not in combined log format")
-                    continue
-                fields = dict(zip(_NAMES, m.groups(""), strict=True))
-                try:
-                    t = parse_time(fields.pop("time"))
-                except ValueError:
-                    why = f"time {m.group(3)!r} is not [dd/Mon/yyyy:HH:MM:SS +zone]"
-                    stats.bad(n, line.rstrip("\n"), why)
-                    continue
-                if fields["user"] == "-":
-                    del fields["user"]
-                parsed += 1
-                if not n & 0xFFF:  # the progress bar reads these
-                    stats.lines, stats.bytes_read = n, size
-                yield Entry(t, fields)
+            for block in blocks(text, first, stats):
+                start = n
+                for (
+                    ip,
+                    user,
+                    when,
+                    method,
+                    path,
+                    protocol,
+                    status,
+                    size,
+                    referer,
+                    agent,
+                    bad,
+                ) in rows(block):
+                    n += 1
+                    if when != seen:
+                        value = time_of(when, bad, n, block, n - start)
+                        if value is None:
+                            skipped += 1
+                            continue
+                        t, seen = value, when
+                    fields = {  # NAMES but the time (a display: far cheaper than dict(zip()))
+                        "ip": ip,
+                        "user": user,
+                        "method": method,
+                        "path": path,
+                        "protocol": protocol,
+                        "status": status,
+                        "bytes": size,
+                        "referer": referer,
+                        "user_agent": agent,
+                    }
+                    if user == "-":
+                        del fields["user"]
+                    yield Entry(t, fields)
+                stats.lines = n  # the progress bar reads it
         finally:
-            stats.lines, stats.bytes_read = n, size
-            stats.parsed += parsed
+            stats.lines = n
+            stats.parsed += n - begun - skipped
+
+    def _combined_runs(self, text: IO[str], first: str, name: str) -> Iterator[list[Run]]:
+        """``runs`` of a combined log: ``_combined``'s loop with only ``name`` and the time
+        taken from each line, and no ``Entry`` made."""
+        stats = self.stats
+        rows = block_pattern((name,)).findall
+        grouped = [n for n in NAMES if n in (name, "time")]
+        at, of = grouped.index("time"), grouped.index(name)
+        time_of = self._time_of
+        n = begun = stats.lines
+        skipped = 0
+        values: list[str | None] = []
+        try:
+            for block in blocks(text, first, stats):
+                start = n
+                seen = None  # the time text of the run (each block starts its own runs)
+                out: list[Run] = []
+                for row in rows(block):
+                    n += 1
+                    when = row[at]
+                    if when != seen:
+                        t = time_of(when, row[-1], n, block, n - start)
+                        if t is None:
+                            skipped += 1
+                            continue
+                        seen = when
+                        values = []
+                        out.append((t, values))
+                    values.append(row[of])
+                if name == "user":  # "-" is no user: _combined leaves the field out
+                    for _, users in out:
+                        users[:] = [None if u == "-" else u for u in users]
+                stats.lines = n  # the progress bar reads it
+                yield out
+        finally:
+            stats.lines = n
+            stats.parsed += n - begun - skipped
+
+    def _time_of(self, when: str, bad: str, n: int, block: str, i: int) -> float | None:
+        """The time of line ``n`` (the ``i``-th of ``block``), or None when it is not in the
+        format (then ``bad`` is its text) or its time is not a time (both counted bad)."""
+        if not when:
+            if bad.strip():  # a blank line is not a bad one
+                self.stats.bad(n, bad, "not in combined log format")
+            return None
+        try:
+            return self.time(when)
+        except ValueError:
+            if self._split[0] is not block:  # once per block with a bad time in it
+                self._split = (block, block.split("\n"))
+            line = self._split[1][i - 1]
+            self.stats.bad(n, line, f"time {when!r} is not [dd/Mon/yyyy:HH:MM:SS +zone]")
+            return None
 
     def _jsonl(self, first: str, lines: Iterator[str]) -> Iterator[Entry]:
         stats = self.stats
@@ -288,6 +383,26 @@ class LogReader:
             return None
         stats.parsed += 1
         return Entry(t, fields)
+
+
+def _grouped(entries: Iterator[Entry], name: str) -> Iterator[list[Run]]:
+    """``runs`` from entries: lists of at most ``RUN_LINES`` lines."""
+    out: list[Run] = []
+    t: float | None = None
+    values: list[str | None] = []
+    lines = 0
+    for e in entries:
+        if e.time != t or lines >= RUN_LINES:
+            if lines >= RUN_LINES:
+                yield out
+                out, lines = [], 0
+            t = e.time
+            values = []
+            out.append((t, values))
+        values.append(e.fields.get(name))
+        lines += 1
+    if out:
+        yield out
 
 
 def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:

@@ -59,6 +59,34 @@ class LimitStats:
             if key is not None:
                 self.rejected_keys[key] = self.rejected_keys.get(key, 0) + 1
 
+    def decided_run(self, now: float, requests: int, rejected: list[str]) -> None:
+        """``decided`` for ``requests`` requests at one time, of which those of the keys
+        ``rejected`` were rejected and the others allowed."""
+        outcomes = self.outcomes
+        allowed = requests - len(rejected)
+        if allowed:
+            outcomes["allowed"] = outcomes.get("allowed", 0) + allowed
+        if rejected:
+            outcomes["rejected"] = outcomes.get("rejected", 0) + len(rejected)
+            counts = self.rejected_keys
+            for key in rejected:
+                counts[key] = counts.get(key, 0) + 1
+        if requests:
+            minute = int(now // 60)
+            bucket = self.timeline.get(minute)
+            if bucket is None:
+                bucket = self.timeline[minute] = [0, 0]
+            bucket[0] += requests
+            bucket[1] += len(rejected)
+
+    def wanted_run(self, keys: list[str], now_ms: int) -> None:
+        """``wanted`` for requests of cost 1 at one time, one per key."""
+        if not self.demand:
+            self.keys.update(keys)
+            return
+        for d in self.demand:
+            d.add_run(keys, now_ms)
+
     def wanted(self, key: str, now_ms: int, cost: int) -> None:
         """A request this limit applies to, whatever was decided (its demand)."""
         if not self.demand:
@@ -73,7 +101,8 @@ class LimitStats:
 
 
 class Recorder(Metrics):
-    """Metrics that also hand each decision to the replay's ``LimitStats``."""
+    """Metrics that hand each decision to the replay's ``LimitStats`` instead of counting
+    it (a replay reports no metric: its stats are the count)."""
 
     def __init__(self, limits: dict[str, LimitStats], clock: Callable[[], float]) -> None:
         super().__init__()
@@ -81,7 +110,6 @@ class Recorder(Metrics):
         self.clock = clock
 
     def decision(self, policy: str, outcome: str, key: str | None = None) -> None:
-        super().decision(policy, outcome, key)
         stats = self.limits.get(policy)
         if stats is not None:
             stats.decided(outcome, key, self.clock())
