@@ -30,6 +30,9 @@ checks = [
     RateCheck("user-burst", "4/second", algorithm="token_bucket", burst=6, key=keys.user()),
     RateCheck("writes", "10/minute", algorithm="sliding_window", key=keys.user(),
               methods=["POST"]),
+    # a rate computed per request: POSTs get a tighter one, other requests none
+    RateCheck("per-method", lambda r: "6/minute" if r.method == "POST" else None,
+              key=keys.client_ip()),
 ]
 """
 

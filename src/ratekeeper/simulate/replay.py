@@ -83,7 +83,7 @@ class Report:
         top = sorted(s.rejected_keys.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top]
         return {
             "name": s.name,
-            "rate": "; ".join(r.code for r in s.rates),
+            "rate": "; ".join(r.code for r in s.rates) or "computed per request",
             "algorithm": s.algorithm,
             "requests": requests,
             "outcomes": dict(sorted(s.outcomes.items())),

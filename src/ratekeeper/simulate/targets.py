@@ -256,9 +256,11 @@ def _complete(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _rates(rate: Any) -> tuple[Any, ...]:
+    """A check's fixed rates; none for a rate computed per request (its decisions are
+    replayed, but there is no one rate to measure usage against or to suggest)."""
     from ..rates import to_rates
 
-    return to_rates(rate)
+    return () if callable(rate) else to_rates(rate)
 
 
 def _no_app(environ: Any, start_response: Callable[..., Any]) -> list[bytes]:
