@@ -9,6 +9,7 @@ of magnitude, and the pass/fail column as the claim.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -78,8 +79,8 @@ def main() -> int:
     block = (
         f"Run: `./scripts/reliability{' --quick' if args.quick else ''}` at commit `{commit}`, "
         f"{time.monotonic() - began:.0f} s, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Shared 2-vCPU VM with other "
-        "jobs running: latency figures are noisy.\n\n" + table(rows)
+        f"{os.cpu_count()} CPUs. Latencies vary between runs: read them as orders of magnitude "
+        "and the result column as the claim.\n\n" + table(rows)
     )
     print("\n" + table(rows))
     if not args.no_write:
