@@ -1,1 +1,2 @@
-"""Benchmarks: not part of the test suite's pass/fail (see DESIGN.md)."""
+"""Benchmarks: not part of the test suite's pass/fail; each prints side-by-side figures and
+ratios (docs/benchmarks.md)."""

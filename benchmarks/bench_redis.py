@@ -15,7 +15,10 @@ about 1.5 million commands and takes a few minutes on 2 vCPUs.
   them);
 - (c) Redis memory per key: ``used_memory`` delta over N keys with one hit each;
   sliding_log per admitted entry;
-- (d) sliding_window vs sliding_log at 10, 1,000 and 10,000 requests per window.
+- (d) sliding_window vs sliding_log at 10, 1,000 and 10,000 requests per window;
+- (e) the compact key layout (``CompactLayout``) against the default one: ``used_memory`` per
+  key over N keys (fresh servers), and script time per decision (``INFO commandstats`` usec of
+  ``EVALSHA``) of hits on random live keys, both layouts in interleaved rounds on one server.
 
 Figures are noisy: the machine is shared; compare ratios within one run, not across runs.
 """
@@ -35,6 +38,7 @@ from typing import Any
 import redis
 
 from ratekeeper import Limiter, ManualClock, RedisStore
+from ratekeeper.stores.layout import CompactLayout
 from ratekeeper.stores.redis_codec import Codec, fallback, script
 from tests.redis_servers import free_port
 
@@ -322,16 +326,24 @@ def part_b(n: int, keys: int) -> None:
     )
 
 
-def fill(client: redis.Redis, name: str, algorithm: str, keys: int) -> float:
+def fill(
+    client: redis.Redis,
+    name: str,
+    algorithm: str,
+    keys: int,
+    layout: CompactLayout | None = None,
+    rate: str = MEMORY_RATE,
+    clock: ManualClock | None = None,
+) -> float:
     """Bytes of used_memory per key after one hit on each of ``keys`` keys."""
     before = client.info("memory")["used_memory"]
     if name == "ratekeeper":
-        limiter = Limiter(RedisStore(client=client), fail_open=False)
-        codec = Codec()
+        limiter = Limiter(RedisStore(client=client), clock=clock or time.time, fail_open=False)
+        codec = Codec(layout=layout)
         for start in range(0, keys, 1000):
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(keys, start + 1000)):
-                plan = limiter._core.plan("hit", f"user:{i}", MEMORY_RATE, algorithm, 1, None, None)
+                plan = limiter._core.plan("hit", f"user:{i}", rate, algorithm, 1, None, None)
                 pipe.execute_command(*fallback(codec.command(plan)))
             pipe.execute()
     else:
@@ -414,10 +426,91 @@ def part_d() -> None:
     )
 
 
+COMPACT = CompactLayout(buckets=4096)
+COMPACT_ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window"]
+
+
+def part_e(keys: int, rounds: int, hits: int) -> None:
+    """The compact layout against the default one: memory per key, then script time."""
+    rows = []
+    for algorithm in COMPACT_ALGORITHMS:
+        row = [algorithm]
+        for layout in (None, COMPACT):
+            with redis_server(False) as client:
+                row.append(f"{fill(client, 'ratekeeper', algorithm, keys, layout):.1f}")
+                if layout is not None:
+                    encodings = {
+                        client.object("encoding", k).decode() for k in client.scan_iter(count=1000)
+                    }
+                    row.append(f"{client.dbsize():,} hashes, {'/'.join(sorted(encodings))}")
+        row.insert(3, f"{float(row[2]) / float(row[1]):.2f}")
+        rows.append(row)
+    table(
+        f"(e1) Redis memory per key, {keys:,} keys with one hit each ({MEMORY_RATE}), default "
+        f"layout vs CompactLayout(buckets={COMPACT.buckets}), fresh servers",
+        ["algorithm", "default B/key", "compact B/key", "compact/default", "compact keys"],
+        rows,
+    )
+    rows = []
+    with redis_server(False) as client:
+        for algorithm in COMPACT_ALGORITHMS:
+            usec = {"default": [0.0] * rounds, "compact": [0.0] * rounds}
+            setups = {}
+            for name, layout in (("default", None), ("compact", COMPACT)):
+                clock = ManualClock()
+                fill(client, "ratekeeper", algorithm, keys, layout, "1000/hour", clock)
+                store = RedisStore(client=client, layout=layout)
+                setups[name] = (store.codec, Limiter(store, clock=clock), clock)
+                client.script_load(script(algorithm, "compact" if layout else "keys").source)
+            for r in range(rounds):  # interleaved, in turns: load on the machine hits both alike
+                order = list(setups.items()) if r % 2 else list(setups.items())[::-1]
+                for name, (codec, limiter, clock) in order:
+                    commands = []
+                    for i in range(hits):
+                        clock.advance(0.001)
+                        key = f"user:{(i * 7919 + r * 104729) % keys}"
+                        plan = limiter._core.plan("hit", key, "1000/hour", algorithm, 1, None, None)
+                        commands.append(codec.command(plan))
+                    client.config_resetstat()
+                    for start in range(0, hits, 500):
+                        pipe = client.pipeline(transaction=False)
+                        for command in commands[start : start + 500]:
+                            pipe.execute_command(*command)
+                        pipe.execute()
+                    stats = client.info("commandstats")["cmdstat_evalsha"]
+                    usec[name][r] = stats["usec"] / stats["calls"]
+            d, c = usec["default"], usec["compact"]
+            med = sorted(x / y for x, y in zip(c, d, strict=True))[rounds // 2]
+            rows.append(
+                [
+                    algorithm,
+                    f"{sum(d) / rounds:.2f}",
+                    f"{sum(c) / rounds:.2f}",
+                    f"{sum(c) / sum(d):.2f}",
+                    f"{med:.2f}",
+                    f"{min(c) / min(d):.2f}",
+                ]
+            )
+            client.flushall()
+    table(
+        f"(e2) script time per decision (EVALSHA usec), hits on {keys:,} live keys (1000/hour), "
+        f"{rounds} interleaved rounds of {hits:,} each",
+        [
+            "algorithm",
+            "default us",
+            "compact us",
+            "compact/default",
+            "median pair ratio",
+            "best/best",
+        ],
+        rows,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10x fewer calls and keys")
-    parser.add_argument("--only", default="a,b,c,d", help="comma-separated parts to run")
+    parser.add_argument("--only", default="a,b,c,d,e", help="comma-separated parts to run")
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     parts = set(args.only.split(","))
@@ -434,6 +527,8 @@ def main() -> None:
         part_c(100_000 // scale)
     if "d" in parts:
         part_d()
+    if "e" in parts:
+        part_e(100_000 // scale, 20, 5_000 // scale)
 
 
 if __name__ == "__main__":

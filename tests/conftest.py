@@ -29,6 +29,23 @@ def _need_redis() -> None:
         pytest.skip("redis-server not installed")
 
 
+def _need_sentinel() -> None:
+    _need_redis()
+    if not rs.sentinel_available():
+        if REQUIRE_REDIS:
+            pytest.fail("redis-sentinel is required (RATEKEEPER_REQUIRE_REDIS=1) but not installed")
+        pytest.skip("redis-sentinel not installed")
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[rs.SentinelGroup]:
+    """A primary, one replica and three Sentinels of the test's own (tests kill the primary)."""
+    _need_sentinel()
+    group = rs.SentinelGroup()
+    yield group
+    group.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[rs.RedisServer]:
     """One standalone Redis for the session; tests should use ``redis_url`` (flushed)."""
@@ -179,6 +196,20 @@ def _backend(request: pytest.FixtureRequest, kind: str) -> Iterator[Backend]:
         store.close()
     for client in clients:
         client.close()
+
+
+def redis_store(kind: str, request: pytest.FixtureRequest, **options: Any) -> Any:
+    """A ``RedisStore``, ``ShardedRedisStore`` (two primaries) or ``RedisClusterStore`` on the
+    session's servers, built with ``options`` (5 s timeout unless given)."""
+    from ratekeeper import RedisClusterStore, RedisStore, Shard, ShardedRedisStore
+
+    options.setdefault("socket_timeout", 5)
+    if kind == "redis":
+        return RedisStore(request.getfixturevalue("redis_url"), **options)
+    if kind == "sharded":
+        shards = [Shard(u) for u in request.getfixturevalue("shard_urls")]
+        return ShardedRedisStore(shards, **options)
+    return RedisClusterStore(request.getfixturevalue("cluster_url"), **options)
 
 
 @pytest.fixture(params=STORES)

@@ -189,3 +189,134 @@ class RedisCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+REDIS_SENTINEL = shutil.which("redis-sentinel")
+
+
+def sentinel_available() -> bool:
+    """True when redis-sentinel is on PATH as well."""
+    return available() and REDIS_SENTINEL is not None
+
+
+class SentinelProcess:
+    """One redis-sentinel on 127.0.0.1:port monitoring ``primary`` as ``service`` (quorum 2)."""
+
+    def __init__(self, service: str, primary: RedisServer, down_after_ms: int) -> None:
+        assert REDIS_SENTINEL is not None, "redis-sentinel is not installed"
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"rk-sentinel-{self.port}-"))
+        conf = self.dir / "sentinel.conf"  # Sentinel rewrites its config: a file of its own
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+            f"loglevel warning\nsentinel monitor {service} 127.0.0.1 {primary.port} 2\n"
+            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+            f"sentinel failover-timeout {service} {4 * down_after_ms}\n"
+            f"sentinel parallel-syncs {service} 1\n"
+        )
+        self.proc = subprocess.Popen(
+            [REDIS_SENTINEL, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelGroup:
+    """A primary, ``replicas`` replicas of it and three Sentinels that monitor it as
+    ``service``, returned once every Sentinel knows the others and the replicas.
+
+    ``down_after_ms`` is how long the primary must not answer before a Sentinel calls it down
+    (the failover starts about then); Redis' default is 30 s, tests use 1 s.
+    """
+
+    def __init__(
+        self, service: str = "rk-primary", replicas: int = 1, down_after_ms: int = 1000
+    ) -> None:
+        self.service = service
+        self.servers: list[RedisServer] = []
+        self.sentinels: list[SentinelProcess] = []
+        try:
+            primary = RedisServer()
+            self.servers.append(primary)
+            for _ in range(replicas):
+                self.servers.append(start_replica(primary))
+            self.sentinels = [SentinelProcess(service, primary, down_after_ms) for _ in range(3)]
+            self._wait_known(replicas)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_known(self, replicas: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                states = [s.client().sentinel_master(self.service) for s in self.sentinels]
+                if all(
+                    int(st["num-other-sentinels"]) == 2 and int(st["num-slaves"]) == replicas
+                    for st in states
+                ):
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the Sentinels did not find each other and the replicas")
+
+    @property
+    def urls(self) -> list[str]:
+        """The Sentinels' URLs."""
+        return [s.url for s in self.sentinels]
+
+    def primary_port(self) -> int:
+        """The primary's port as the first Sentinel that answers names it."""
+        for sentinel in self.sentinels:
+            try:
+                _host, port = sentinel.client().sentinel_get_master_addr_by_name(self.service)
+                return int(port)
+            except (redis.RedisError, TypeError):
+                continue
+        raise RuntimeError("no Sentinel answered")
+
+    def primary(self) -> RedisServer:
+        """The server Sentinel names as the primary."""
+        port = self.primary_port()
+        return next(s for s in self.servers if s.port == port)
+
+    def wait_promoted(self, old_port: int, timeout: float = 60.0) -> RedisServer:
+        """Block until every Sentinel names a primary other than ``old_port`` and it answers
+        as a primary; returns it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ports = {
+                    int(s.client().sentinel_get_master_addr_by_name(self.service)[1])
+                    for s in self.sentinels
+                }
+            except (redis.RedisError, TypeError):
+                ports = set()
+            if len(ports) == 1 and old_port not in ports:
+                new = next(s for s in self.servers if s.port in ports)
+                if new.client().info("replication")["role"] == "master":
+                    return new
+            time.sleep(0.05)
+        raise RuntimeError("no replica was promoted")
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        for server in self.servers:
+            server.stop()

@@ -35,6 +35,11 @@ EXPECTED = {
     "RedisStore",
     "Shard",
     "ShardedRedisStore",
+    "SentinelShard",
+    "RolloutStore",
+    "SentinelStore",
+    "CompactLayout",
+    "Batching",
     "StoreUnavailable",
     "__version__",
 }

@@ -167,3 +167,44 @@ def test_cluster_node_killed_fails_open_and_recovers(fresh_cluster: rs.RedisClus
     after = [limiter.hit(k, "10/minute") for k in keys]
     assert not any(d.degraded for d in after)
     assert limiter.stats()["breaker"] == "closed"
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-call-each"])
+def test_async_calls_in_flight_on_a_stopped_redis_time_out_and_fail_open(
+    fresh_redis: rs.RedisServer, batched: bool
+) -> None:
+    """Coalesced or not, 16 hits in flight on a stopped Redis each fail open after one
+    socket_timeout (nothing hangs, nothing raises), the breaker then skips the store, and the
+    limiter recovers once Redis is back."""
+    clock = ManualClock()
+    options: dict[str, Any] = {} if batched else {"batching": None}
+    store = RedisStore(fresh_redis.url, socket_timeout=TIMEOUT, **options)
+    assert (store.batcher is not None) is batched
+
+    async def run() -> tuple[list[bool], dict[str, Any], float, bool]:
+        limiter = AsyncLimiter(store, clock=clock, monotonic=clock)
+        await limiter.hit("warm", "10/minute")
+        fresh_redis.pause()
+        try:
+            began = time.monotonic()
+            ds = await asyncio.gather(*(limiter.hit(f"k{i}", "10/minute") for i in range(16)))
+            took = time.monotonic() - began
+            skipped = await limiter.hit("k0", "10/minute")
+        finally:
+            fresh_redis.resume()
+        stats = limiter.stats()
+        clock.advance(0.5)
+        after = await limiter.hit("fresh", "10/minute")
+        return (
+            [d.allowed and d.degraded for d in ds],
+            stats,
+            took,
+            skipped.degraded and not after.degraded,
+        )
+
+    degraded, stats, took, recovered = asyncio.run(run())
+    assert all(degraded)
+    assert stats["store_errors"] == 16 and stats["breaker"] == "open"
+    assert stats["breaker_skips"] == 1
+    assert took < 20 * TIMEOUT  # bounded by the timeout, not by a hang (generous: shared machine)
+    assert recovered

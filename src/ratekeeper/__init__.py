@@ -30,9 +30,14 @@ from .signals import LoopLag as LoopLag
 from .signals import Pressure as Pressure
 from .signals import ProcessCPU as ProcessCPU
 from .signals import QueueDelay as QueueDelay
+from .stores.batching import Batching as Batching
 from .stores.cluster import RedisClusterStore as RedisClusterStore
+from .stores.layout import CompactLayout as CompactLayout
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
+from .stores.rollout import RolloutStore as RolloutStore
+from .stores.sentinel import SentinelShard as SentinelShard
+from .stores.sharded import SentinelStore as SentinelStore
 from .stores.sharded import Shard as Shard
 from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
@@ -42,7 +47,9 @@ __all__ = [
     "AsyncConcurrencyLimiter",
     "AsyncFleetUsageShedder",
     "AsyncLimiter",
+    "Batching",
     "Clock",
+    "CompactLayout",
     "ConcurrencyLimiter",
     "ConfigError",
     "Decision",
@@ -62,6 +69,9 @@ __all__ = [
     "RatekeeperError",
     "RedisClusterStore",
     "RedisStore",
+    "RolloutStore",
+    "SentinelShard",
+    "SentinelStore",
     "Shard",
     "ShardedRedisStore",
     "ShedderSettings",

@@ -9,6 +9,7 @@ of magnitude, and the pass/fail column as the claim.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def scenarios(quick: bool, soak_seconds: float) -> list[tuple[str, Callable[[], 
         ("SIGSTOP", lambda: faults.outage("stop", quick)),
         ("restart empty", lambda: faults.restart_empty(quick)),
         ("failover", lambda: faults.failover(quick)),
+        ("sentinel failover", lambda: faults.sentinel_failover(quick)),
         ("lost shard", lambda: faults.shard_lost(quick)),
         ("service outage", lambda: service.service_outage(quick)),
         ("stale replica", faults.stale_replica),
@@ -77,8 +79,8 @@ def main() -> int:
     block = (
         f"Run: `./scripts/reliability{' --quick' if args.quick else ''}` at commit `{commit}`, "
         f"{time.monotonic() - began:.0f} s, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Shared 2-vCPU VM with other "
-        "jobs running: latency figures are noisy.\n\n" + table(rows)
+        f"{os.cpu_count()} CPUs. Latencies vary between runs: read them as orders of magnitude "
+        "and the result column as the claim.\n\n" + table(rows)
     )
     print("\n" + table(rows))
     if not args.no_write:

@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratekeeper import Limiter, RedisStore, Shard, ShardedRedisStore
+from ratekeeper import Limiter, RedisStore, SentinelStore, Shard, ShardedRedisStore
 
 
 @dataclass(frozen=True, slots=True)
 class StoreSpec:
-    """How a worker builds its store: ``redis`` (first URL) or ``sharded`` (one shard per URL)."""
+    """How a worker builds its store: ``redis`` (first URL), ``sharded`` (one shard per URL)
+    or ``sentinel`` (the URLs are the Sentinels', the first name the monitored service)."""
 
     kind: str
     urls: tuple[str, ...]
@@ -37,6 +38,8 @@ class StoreSpec:
     def build(self) -> Any:
         if self.kind == "redis":
             return RedisStore(self.urls[0], socket_timeout=self.socket_timeout)
+        if self.kind == "sentinel":
+            return SentinelStore(self.names[0], self.urls, socket_timeout=self.socket_timeout)
         names = self.names or tuple("" for _ in self.urls)
         shards = [
             Shard(u, name=n) if n else Shard(u) for u, n in zip(self.urls, names, strict=True)

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.conftest import _need_sentinel
 from tests.reliability.__main__ import scenarios
 from tests.reliability.report import table
 
@@ -24,6 +25,8 @@ def test_scenario_passes(name: str, request: pytest.FixtureRequest) -> None:
     if name in SLOW and os.environ.get("RATEKEEPER_SLOW") != "1":
         pytest.skip("slow: set RATEKEEPER_SLOW=1 or run ./scripts/reliability")
     request.getfixturevalue("redis_server")  # skips (or fails under CI) without redis-server
+    if name == "sentinel failover":
+        _need_sentinel()
     rows = dict(CASES)[name]()
     assert rows, "a scenario reports at least one row"
     assert all(r.passed for r in rows), "\n" + table(rows)

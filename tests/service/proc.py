@@ -25,18 +25,22 @@ class ServiceProcess:
         grpc: bool = True,
         extra: tuple[str, ...] = (),
         preexec_fn: Callable[[], None] | None = None,
+        argv: list[str] | None = None,
+        cwd: Path | None = None,
     ):
+        """``argv``: the whole command instead of one built from the other arguments."""
         args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0", *extra]
         args += ["--grpc-port", "0"] if grpc else ["--no-grpc"]
         for c in configs:
             args += ["--config", str(c)]
         self.proc = subprocess.Popen(
-            args,
+            argv or args,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
             preexec_fn=preexec_fn,
+            cwd=cwd,
         )
         self.banner = self._read_banner()
         m = _LISTEN.search(self.banner)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from ratekeeper.service.cli import add_serve_command
+from tests.test_cli import ratekeeper
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -54,3 +55,32 @@ def test_the_cli_imports_no_server_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_serve_option_says_its_default() -> None:
+    parser = argparse.ArgumentParser(prog="ratekeeper")
+    serve = add_serve_command(parser.add_subparsers(dest="command", required=True))
+    options = [a for a in serve._actions if a.option_strings and a.help != argparse.SUPPRESS]
+    assert len(options) >= 10
+    for action in options:
+        if action.dest != "help":
+            assert action.help and "default" in action.help, action.option_strings
+
+
+def test_serve_help_shows_defaults_and_token_variables() -> None:
+    out = ratekeeper("serve", "--help")
+    assert out.returncode == 0, out
+    text = " ".join(out.stdout.split())  # argparse wraps to the terminal's width
+    for part in (
+        "(default: 127.0.0.1)",
+        "(default: 8080)",
+        "(default: 8081)",
+        "(default: 5)",
+        "(default: 10)",
+        "RATEKEEPER_TOKEN client bearer token",
+        "RATEKEEPER_ADMIN_TOKEN admin bearer token",
+        "auth.token_env",
+        "exit status",
+        "ratekeeper check-config",
+    ):
+        assert part in text, part

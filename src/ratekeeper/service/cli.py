@@ -11,36 +11,75 @@ import os
 import sys
 from typing import Any
 
+SERVE_DESCRIPTION = """\
+Run the rate-limit service: the HTTP JSON API and Envoy's gRPC rate-limit API.
+Without --config it runs the built-in example policies on the memory store.
+SIGHUP or POST /v1/admin/reload reloads the config; an invalid one is refused
+and the running config stays.
+"""
+SERVE_EPILOG = """\
+environment variables:
+  RATEKEEPER_TOKEN        client bearer token: every /v1/ route (and gRPC with auth.grpc:
+                          true) needs "Authorization: Bearer <token>"; at least 16 ASCII
+                          characters, no spaces (default: unset)
+  RATEKEEPER_ADMIN_TOKEN  admin bearer token: reset, reload, policy toggles, the
+                          dashboard's switches; accepted wherever the client token is
+                          (default: unset: admin routes are refused once a client
+                          token is set)
+  With neither token set, every route is open (for local use). A config's
+  auth.token_env / auth.admin_token_env name other variables to read instead, and
+  auth.token / auth.admin_token in the file take precedence over both.
+
+exit status:
+  0 when stopped (SIGINT, SIGTERM); 2 for an invalid config, a port in use, or a
+  store that did not answer within --store-wait.
+
+Check a config without starting: ratekeeper check-config PATH. Reference: docs/reference.md.
+"""
+
 
 def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to ``parser.add_subparsers()``; it runs ``run_serve``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
         help="run the rate-limit service (HTTP JSON + Envoy gRPC)",
-        description=(
-            "Run the rate-limit service. Without --config it uses the memory store and a "
-            "built-in example policy file. SIGHUP reloads the config."
-        ),
+        description=SERVE_DESCRIPTION,
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--config",
         action="append",
         default=[],
         metavar="PATH",
-        help="YAML config file (ours or Envoy ratelimit's), or a directory of them (watched "
-        "and reloaded on change); repeat to merge several",
+        help="a YAML config file (ratekeeper's format or envoyproxy/ratelimit's), or a "
+        "directory of them (watched, reloaded on change); repeat to merge several "
+        "(default: the built-in example, memory store)",
     )
     parser.add_argument(
         "--config-dotfiles",
         action="store_true",
-        help="read dot files in config directories too (skipped by default)",
+        help="read dot files in config directories too (default: skipped)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=_port, default=8080, help="HTTP port (0: any free)")
     parser.add_argument(
-        "--grpc-port", type=_port, default=8081, help="gRPC port for Envoy's RLS API (0: any free)"
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on, HTTP and gRPC; 0.0.0.0 for every interface "
+        "(default: 127.0.0.1)",
     )
-    parser.add_argument("--no-grpc", action="store_true", help="do not start the gRPC listener")
+    parser.add_argument(
+        "--port", type=_port, default=8080, help="HTTP port; 0 picks a free one (default: 8080)"
+    )
+    parser.add_argument(
+        "--grpc-port",
+        type=_port,
+        default=8081,
+        metavar="PORT",
+        help="gRPC port for Envoy's rate-limit API; 0 picks a free one (default: 8081)",
+    )
+    parser.add_argument(
+        "--no-grpc", action="store_true", help="do not listen for gRPC (default: listen)"
+    )
     parser.add_argument(
         "--grpc-threads",
         type=_threads,
@@ -54,35 +93,37 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         type=_seconds,
         default=5.0,
         metavar="SECONDS",
-        help="wait this long at startup for the store to answer, then exit 2 (default 5)",
+        help="at startup, wait this long for the store to answer, then exit with status 2 "
+        "(default: 5)",
     )
     parser.add_argument(
         "--start-degraded",
         action="store_true",
-        help="serve even if the store does not answer: fail open, /healthz 503 until it does",
+        help="serve even if the store does not answer at startup: decisions fail open and "
+        "/healthz answers 503 until it does (default: exit)",
     )
     parser.add_argument(
         "--header-timeout",
         type=_timeout,
         default=10.0,
         metavar="SECONDS",
-        help="close a connection that takes longer to send its request headers (default 10)",
+        help="close an HTTP connection that takes longer to send a request's headers (default: 10)",
     )
     parser.add_argument(
         "--max-connections",
         type=_count,
         default=None,
         metavar="N",
-        help="most open HTTP connections; past it the longest-idle one is closed "
-        "(default: the file-descriptor limit less 64)",
+        help="most open HTTP connections; past it the one that waited longest for its "
+        "headers is closed (default: the file-descriptor limit less 64)",
     )
     parser.add_argument(
         "--workers",
         type=_workers,
         default=1,
         metavar="N",
-        help="worker processes sharing the ports (default 1; auto: one per core); more than "
-        "one needs a shared store (Redis)",
+        help="worker processes sharing the ports; auto: one per core; more than one needs a "
+        "shared store (Redis) (default: 1)",
     )
     # set by the supervisor for its workers
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
@@ -98,12 +139,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from .server import ServeOptions, serve
         from .supervisor import supervise
     except ImportError as exc:
-        print(
-            f"ratekeeper serve needs the server extra ({exc.name} is missing): "
-            "pip install 'ratekeeper[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        return missing_extra("serve", exc)
     options = ServeOptions(
         tuple(args.config),
         args.host,
@@ -122,6 +158,16 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.workers > 1 and args.worker_index is None:
         return supervise(options, args.workers)
     return serve(options)
+
+
+def missing_extra(command: str, exc: ImportError) -> int:
+    """Say which extra ``ratekeeper <command>`` needs; the exit status 2."""
+    print(
+        f"ratekeeper {command} needs the server extra ({exc.name} is missing): "
+        "pip install 'ratekeeper[server]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _workers(text: str) -> int:

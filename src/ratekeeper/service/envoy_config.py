@@ -32,7 +32,17 @@ from typing import Any
 
 from ..rates import UNIT_MS, Rate
 from .policies import PolicySpec, policy_from
-from .yaml_lines import Map, Problem, Seq, need_bool, need_int, need_map, need_seq
+from .yaml_lines import (
+    Map,
+    Problem,
+    Problems,
+    Seq,
+    need_bool,
+    need_int,
+    need_map,
+    need_seq,
+    no_unknown,
+)
 
 UNITS = {"SECOND": 1, "MINUTE": 2, "HOUR": 3, "DAY": 4, "MONTH": 5, "YEAR": 6, "WEEK": 7}
 """Envoy's ``RateLimitUnit`` enum numbers (UNKNOWN is 0)."""
@@ -77,6 +87,7 @@ _DESCRIPTOR_KEYS = frozenset(
         "metadata",
     }
 )
+_FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
 _RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
 MAX_UINT32 = 2**32 - 1
 
@@ -144,34 +155,33 @@ class EnvoySettings:
     max_stat_keys: int = 1000
 
 
-def settings(body: Map) -> EnvoySettings:
-    """The ``envoy:`` section, checked."""
-    known = {f for f in EnvoySettings.__dataclass_fields__}
-    for key in body:
-        if key not in known:
-            raise Problem(
-                body.lines[key],
-                f"unknown key {key!r} in envoy; expected one of {', '.join(sorted(known))}",
-            )
+def settings(body: Map, problems: Problems) -> EnvoySettings:
+    """The ``envoy:`` section, checked: each setting's problem is recorded in ``problems``
+    and the setting left at its default."""
+    with problems.guard():
+        no_unknown(body, {f for f in EnvoySettings.__dataclass_fields__}, "envoy")
     out: dict[str, Any] = {}
+    for key in body:
+        with problems.guard():
+            _setting(body, key, out)
+    return EnvoySettings(**out)
+
+
+def _setting(body: Map, key: str, out: dict[str, Any]) -> None:
+    """One key of the ``envoy:`` section into ``out`` (an unknown key is left alone)."""
     at = body.lines.get
-    for key in (
+    if key in (
         "shadow_mode",
         "quota_mode",
         "stop_increment_when_over_limit",
         "response_dynamic_metadata",
         "merge_domains",
     ):
-        if key in body:
-            out[key] = need_bool(body[key], at(key, body.line), f"envoy.{key}")
-    for key, high in (
-        ("max_descriptors", 100_000),
-        ("max_entries", 1_000_000),
-        ("max_stat_keys", 1_000_000),
-    ):
-        if key in body:
-            out[key] = need_int(body[key], at(key, body.line), f"envoy.{key}", 1, high)
-    if "near_limit_ratio" in body:
+        out[key] = need_bool(body[key], at(key, body.line), f"envoy.{key}")
+    highs = {"max_descriptors": 100_000, "max_entries": 1_000_000, "max_stat_keys": 1_000_000}
+    if key in highs:
+        out[key] = need_int(body[key], at(key, body.line), f"envoy.{key}", 1, highs[key])
+    if key == "near_limit_ratio":
         ratio = body["near_limit_ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:
             raise Problem(
@@ -179,7 +189,7 @@ def settings(body: Map) -> EnvoySettings:
                 f"envoy.near_limit_ratio {ratio!r} must be a number from 0 to 1",
             )
         out["near_limit_ratio"] = float(ratio)
-    if "response_headers" in body:
+    if key == "response_headers":
         mode = body["response_headers"]
         if mode not in ("none", "upstream", "ratekeeper"):
             raise Problem(
@@ -187,25 +197,24 @@ def settings(body: Map) -> EnvoySettings:
                 f"envoy.response_headers {mode!r} must be none, upstream or ratekeeper",
             )
         out["response_headers"] = mode
-    if "header_names" in body:
+    if key == "header_names":
         names = need_map(body["header_names"], at("header_names", body.line), "header_names")
         fields = {"limit", "remaining", "reset"}
         given = {}
-        for key, value in names.items():
-            if key not in fields:
+        for name, value in names.items():
+            if name not in fields:
                 raise Problem(
-                    names.lines[key],
-                    f"unknown key {key!r} in envoy.header_names; "
+                    names.lines[name],
+                    f"unknown key {name!r} in envoy.header_names; "
                     "expected limit, remaining or reset",
                 )
             if not isinstance(value, str) or not value.isascii() or not _token(value):
                 raise Problem(
-                    names.lines[key],
+                    names.lines[name],
                     f"header name {value!r} must be an HTTP token (e.g. RateLimit-Limit)",
                 )
-            given[key] = value
+            given[name] = value
         out["header_names"] = HeaderNames(**given)
-    return EnvoySettings(**out)
 
 
 def _token(name: str) -> bool:
@@ -220,12 +229,15 @@ Lookup = Callable[[Any, int], str]
 
 class DomainCompiler:
     """Turns the descriptor lists of one domain (from one or, merged, several files) into an
-    ``EnvoyNode`` tree, registering a policy per limit and collecting warnings."""
+    ``EnvoyNode`` tree, registering a policy per limit and collecting warnings. A descriptor
+    with a problem is recorded in ``problems`` and left out; its siblings and nested
+    descriptors are still read."""
 
-    def __init__(self, domain: str, register: Register, lookup: Lookup) -> None:
+    def __init__(self, domain: str, register: Register, lookup: Lookup, problems: Problems) -> None:
         self.domain = domain
         self.register = register
         self.lookup = lookup
+        self.problems = problems
         self.warnings: list[tuple[int, str]] = []
         self.root: dict[str, Any] = _draft()
 
@@ -241,45 +253,49 @@ class DomainCompiler:
         self, parent: dict[str, Any], seq: Seq, stats_prefix: str, names: tuple[str, ...]
     ) -> None:
         for item, line in zip(seq, seq.lines, strict=True):
-            d = need_map(item, line, "a descriptor")
+            with self.problems.guard():
+                self._descriptor(parent, need_map(item, line, "a descriptor"), stats_prefix, names)
+
+    def _descriptor(
+        self, parent: dict[str, Any], d: Map, stats_prefix: str, names: tuple[str, ...]
+    ) -> None:
+        guard = self.problems.guard
+        with guard():
             self._misplaced(d, _DESCRIPTOR_KEYS | EXTENSION_KEYS, "a descriptor")
-            key = _text(d.get("key"), d.lines.get("key", d.line), "key")
-            if not key:
-                raise Problem(d.line, "descriptor has an empty key; every descriptor needs one")
-            value = _text(d.get("value"), d.lines.get("value", d.line), "value")
-            final = key + "_" + value if value else key
-            if final in parent["children"]:
-                raise Problem(
-                    d.line, f"duplicate descriptor composite key {stats_prefix + final!r}"
-                )
-            flags = {
-                k: need_bool(d[k], d.lines[k], k) if d.get(k) is not None else False
-                for k in (
-                    "shadow_mode",
-                    "quota_mode",
-                    "detailed_metric",
-                    "value_to_metric",
-                    "share_threshold",
-                )
-            }
-            node = _draft()
-            node["final"] = final
-            node["value_to_metric"] = flags["value_to_metric"]
-            path = (*names, f"{key}={value}" if value else key)
+        key = _text(d.get("key"), d.lines.get("key", d.line), "key")
+        if not key:
+            raise Problem(d.line, "descriptor has an empty key; every descriptor needs one")
+        value = _text(d.get("value"), d.lines.get("value", d.line), "value")
+        final = key + "_" + value if value else key
+        if final in parent["children"]:
+            raise Problem(d.line, f"duplicate descriptor composite key {stats_prefix + final!r}")
+        flags = dict.fromkeys(_FLAGS, False)
+        for k in _FLAGS:
+            if d.get(k) is not None:
+                with guard():
+                    flags[k] = need_bool(d[k], d.lines[k], k)
+        node = _draft()
+        node["final"] = final
+        node["value_to_metric"] = flags["value_to_metric"]
+        path = (*names, f"{key}={value}" if value else key)
+        with guard():
             node["limit"] = self._limit(d, stats_prefix + final, path, flags)
-            if flags["share_threshold"] and "*" not in final:
-                raise Problem(
+        if flags["share_threshold"] and "*" not in final:
+            self.problems.add(
+                Problem(
                     d.lines["share_threshold"],
                     "share_threshold can only be used with wildcard values (containing '*'), "
                     f"but found key {final!r}",
                 )
-            node["share_threshold"] = flags["share_threshold"]
-            if "*" in final:
-                parent["wildcards"].append((final, tuple(final.split("*"))))
-            if d.get("descriptors") is not None:
+            )
+        node["share_threshold"] = flags["share_threshold"]
+        if "*" in final:
+            parent["wildcards"].append((final, tuple(final.split("*"))))
+        if d.get("descriptors") is not None:
+            with guard():
                 nested = need_seq(d["descriptors"], d.lines["descriptors"], "descriptors")
                 self._level(node, nested, stats_prefix + final + ".", path)
-            parent["children"][final] = node
+        parent["children"][final] = node
 
     def _limit(
         self, d: Map, stats_key: str, path: tuple[str, ...], flags: dict[str, bool]
@@ -361,6 +377,7 @@ class DomainCompiler:
         return tuple(out)
 
     def _misplaced(self, body: Map, used: frozenset[str], where: str) -> None:
+        unknown = []
         for key in body:
             if key in used:
                 continue
@@ -374,26 +391,37 @@ class DomainCompiler:
                 )
             else:
                 allowed = ", ".join(sorted(VALID_KEYS | EXTENSION_KEYS))
-                raise Problem(body.lines[key], f"unknown key {key!r}; expected one of {allowed}")
+                unknown.append(
+                    Problem(body.lines[key], f"unknown key {key!r}; expected one of {allowed}")
+                )
+        if unknown:
+            raise Problem.first_of(unknown)
 
 
 def check_values(value: Any, line: int) -> None:
     """Upstream's checks of a whole file's values (before any meaning is given to them):
     lists hold mappings, values are strings, whole numbers, true/false or null; ``metadata``
-    is left to ``_metadata``."""
+    is left to ``_metadata``. Every bad value is reported, in one ``Problem``."""
+    found: list[Problem] = []
+    _bad_values(value, line, found)
+    if found:
+        raise Problem.first_of(found)
+
+
+def _bad_values(value: Any, line: int, found: list[Problem]) -> None:
     if isinstance(value, Map):
         for key, inner in value.items():
             if key != "metadata":
-                check_values(inner, value.lines[key])
+                _bad_values(inner, value.lines[key], found)
     elif isinstance(value, Seq):
         for item, at in zip(value, value.lines, strict=True):
             if not isinstance(item, Map):
-                raise Problem(at, f"a list may hold only mappings, not {item!r}")
-            check_values(item, at)
+                found.append(Problem(at, f"a list may hold only mappings, not {item!r}"))
+            else:
+                _bad_values(item, at, found)
     elif value is not None and not isinstance(value, str | int):  # bool is an int
-        raise Problem(
-            line, f"value {value!r} must be a string, a whole number, true/false or a list"
-        )
+        message = f"value {value!r} must be a string, a whole number, true/false or a list"
+        found.append(Problem(line, message))
 
 
 def _text(value: Any, line: int, what: str) -> str:

@@ -2,7 +2,8 @@
 
 Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.json``)::
 
-    POST /v1/hit /v1/peek /v1/refund      {"policy", "key", "cost"?}
+    POST /v1/hit                          {"policy", "key", "cost"?, "over_limit_status"?}
+    POST /v1/peek /v1/refund              {"policy", "key", "cost"?}
     POST /v1/reset                        {"policy", "key"}                    admin
     POST /v1/concurrency/acquire          {"policy", "key"}    200 lease / 429 full
     POST /v1/concurrency/release          {"lease"}
@@ -38,6 +39,7 @@ from typing import Any
 from ..decision import HEADER_NAMES
 from ..errors import BadRequest
 from . import dashboard
+from .config import OVER_LIMIT_STATUSES
 from .engine import Engine, LeaseResult, Result
 
 Scope = MutableMapping[str, Any]
@@ -91,7 +93,13 @@ ROUTES: tuple[Route, ...] = (
 _EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
 _DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
 """The client routes that decide, served before the router (``ROUTES`` says the same)."""
-_DECIDE_FIELDS = {"policy", "key", "cost"}
+_FIELDS = {
+    "hit": {"policy", "key", "cost", "over_limit_status"},
+    "peek": {"policy", "key", "cost"},
+    "refund": {"policy", "key", "cost"},
+    "reset": {"policy", "key"},
+}
+"""The body fields each decision route takes."""
 _TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
 
 
@@ -157,8 +165,9 @@ class HttpApi:
                 body = message.get("body", b"")
                 if message.get("more_body", False) or message["type"] != "http.request":
                     body = await _rest(scope, receive, message)
-                req = _object(body, _DECIDE_FIELDS)
-                status, body, headers = await self._decide(_DECIDE[path], req)
+                op = _DECIDE[path]
+                req = _object(body, _FIELDS[op])
+                status, body, headers = await self._decide(op, req)
             else:
                 status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
@@ -245,8 +254,7 @@ class HttpApi:
             self.engine.toggle(name, toggles[0], toggles[1])
             return 200, self._describe(name), {}
         op = route.path[4:]  # hit, peek, refund, reset
-        fields = {"policy", "key"} if op == "reset" else {"policy", "key", "cost"}
-        req = _object(await _body(scope, receive), fields)
+        req = _object(await _body(scope, receive), _FIELDS[op])
         return await self._decide(op, req)
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
@@ -269,9 +277,11 @@ class HttpApi:
         if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
             raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
         if op == "hit" or op == "peek":
+            over = 200 if op == "peek" else _over_limit_status(req, engine.config.over_limit_status)
             stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
             result = await engine.decide(op, spec, key, cost, stored)
-            return 200, _result_body(result), _decision_headers(result)
+            status = 200 if result.decision.allowed else over
+            return status, _result_body(result), _decision_headers(result)
         if op == "refund":
             await engine.refund(spec, key, cost)
             return 200, {"refunded": cost, "policy": spec.name}, {}
@@ -345,6 +355,18 @@ def check_bearer(given: str, expected: str) -> bool:
 
 def _same(given: bytes, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given, expected.encode())
+
+
+def _over_limit_status(req: dict[str, Any], default: int) -> int:
+    """The status a hit over its limit answers with: the request's ``over_limit_status`` or
+    the config's ``limits.over_limit_status``. 200 by default: the call itself succeeded, and
+    its answer is "no" (see docs/service.md, "Why over the limit is a 200")."""
+    status = req.get("over_limit_status", default)
+    if isinstance(status, bool) or status not in OVER_LIMIT_STATUSES:
+        raise BadRequest(
+            "over_limit_status", f"over_limit_status {status!r} is invalid; expected 200 or 429"
+        )
+    return int(status)
 
 
 def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:

@@ -6,18 +6,19 @@ Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabular
 - ``decisions_total{policy, outcome}``: outcome is ``allowed``, ``rejected``,
   ``local_rejected`` (answered by the over-limit cache), ``shadow_rejected`` (a shadow policy
   would have rejected), ``degraded`` (fail-open: the store could not be asked), ``disabled``;
-- ``store_latency_seconds``: histogram of store calls (one per batch when batching; lease
-  calls of concurrency policies too);
-- ``store_errors_total``: store calls that raised;
+- ``store_latency_seconds``: histogram of store calls (one per batch when batching, which
+  carries lease calls of concurrency policies too; else one per call);
+- ``store_errors_total``: store calls that raised (with batching: calls of a batch that failed);
 - ``breaker_state{store, shard, kind}``: 0 closed, 1 failing, 2 open, per store part;
 - ``in_flight_requests``: HTTP requests being served;
-- ``batch_size``: histogram of plans per store call;
+- ``batch_size``: histogram of calls per batch;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
 - ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``).
 
-Also: ``InstrumentedStore`` and ``InstrumentedLeases``, the store wrappers that feed the
-latency and error metrics.
+Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
+``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
+they feed the latency and error metrics.
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ class _Merged:
                 else:
                     have.samples.extend(family.samples)
         yield from families.values()
+
+
+class BatchMetrics:
+    """A ``stores.batching.BatchObserver`` feeding the batch size, latency and error metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def batch(self, size: int, seconds: float) -> None:
+        self.metrics.batch_size.observe(size)
+        self.metrics.store_latency.observe(seconds)
+
+    def error(self) -> None:
+        self.metrics.store_errors.inc()
 
 
 class InstrumentedStore:

@@ -42,19 +42,20 @@ from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
 from ..stores.base import AsyncPingable, AsyncStore, LocalStore
+from ..stores.batching import Batching
 from ..stores.cluster import RedisClusterStore
+from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from ..stores.sharded import Shard, ShardedRedisStore
 from . import config as config_mod
-from .batching import Batcher, RedisPipeline, ShardedBatcher
-from .cluster_batching import ClusterBatcher
 from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
 from .http import HttpApi
 from .metrics import (
+    BatchMetrics,
     InstrumentedLeases,
     InstrumentedLocalStore,
     InstrumentedPartitionedStore,
@@ -129,38 +130,37 @@ def grpc_options(shared: bool) -> tuple[tuple[str, int], ...]:
 
 def build_store(
     settings: config_mod.StoreSettings, metrics: Metrics
-) -> tuple[AsyncStore, InstrumentedLeases]:
-    """The store a config asks for, instrumented (a single Redis is batched unless told not),
-    and the same store's leases for concurrency policies (never batched)."""
+) -> tuple[AsyncStore, AsyncLeaseStore, object]:
+    """The store a config asks for, instrumented, the same store's leases for concurrency
+    policies, and the store itself (for ``ping``). A Redis store batches (plans and leases
+    alike) unless told not to: its batches feed the latency and error metrics; without
+    batching each call is timed on its own."""
     s = settings
     if s.kind == "memory":
         memory = MemoryStore(max_keys=s.max_keys)
-        return InstrumentedLocalStore(memory, metrics), InstrumentedLeases(memory, metrics)
+        return InstrumentedLocalStore(memory, metrics), InstrumentedLeases(memory, metrics), memory
+    batching = (
+        Batching(s.batch_max_size, s.batch_max_wait_ms / 1000, BatchMetrics(metrics))
+        if s.batch
+        else None
+    )
+    store: RedisStore | ShardedRedisStore | RedisClusterStore
+    prefix, timeout = s.prefix, s.socket_timeout
     if s.kind == "redis":
-        store = RedisStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(store, metrics)
-        if s.batch and store.async_client is not None:
-            pipeline = RedisPipeline(store.async_client, s.prefix)
-            return Batcher(pipeline, metrics, s.batch_max_size, s.batch_max_wait_ms / 1000), leases
-        return InstrumentedStore(store, metrics), leases
-    if s.kind == "sharded":
+        store = RedisStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+    elif s.kind == "sharded":
         shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
-        sharded = ShardedRedisStore(shards, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(sharded, metrics)
-        if s.batch:
-            wait = s.batch_max_wait_ms / 1000
-            batcher = ShardedBatcher(sharded, s.socket_timeout, metrics, s.batch_max_size, wait)
-            return batcher, leases
-        return InstrumentedPartitionedStore(sharded, metrics), leases
-    if s.kind == "cluster":
-        cluster = RedisClusterStore(s.url, prefix=s.prefix, socket_timeout=s.socket_timeout)
-        leases = InstrumentedLeases(cluster, metrics)
-        if s.batch:
-            wait = s.batch_max_wait_ms / 1000
-            by_node = ClusterBatcher(cluster, s.socket_timeout, metrics, s.batch_max_size, wait)
-            return by_node, leases
-        return InstrumentedStore(cluster, metrics), leases
-    raise ConfigError(f"store kind {s.kind!r} is unknown")
+        store = ShardedRedisStore(shards, prefix=prefix, socket_timeout=timeout, batching=batching)
+    elif s.kind == "cluster":
+        store = RedisClusterStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+    else:
+        raise ConfigError(f"store kind {s.kind!r} is unknown")
+    if s.batch:
+        return store, store, store
+    leases = InstrumentedLeases(store, metrics)
+    if isinstance(store, ShardedRedisStore):
+        return InstrumentedPartitionedStore(store, metrics), leases, store
+    return InstrumentedStore(store, metrics), leases, store
 
 
 class Service:
@@ -175,7 +175,7 @@ class Service:
         self.metrics.envoy.configure(
             self.config.envoy.near_limit_ratio, self.config.envoy.max_stat_keys
         )
-        self.store, self.leases = build_store(self.config.store, self.metrics)
+        self.store, self.leases, self._raw_store = build_store(self.config.store, self.metrics)
         limiter = AsyncLimiter(self.store, clock=clock)
         # capacity and lease TTL come with each acquire, from the concurrency policy
         leases = AsyncConcurrencyLimiter(self.leases, capacity=1, clock=clock)
@@ -209,7 +209,7 @@ class Service:
 
     async def check_store(self) -> str | None:
         """Ping the store until it answers or ``store_wait`` passes; None, or why not."""
-        store = self.leases.inner  # the store itself, under the metrics wrapper
+        store = self._raw_store  # the store itself, under any metrics wrapper
         if not isinstance(store, AsyncPingable):
             return None
         deadline = time.monotonic() + self.options.store_wait

@@ -7,10 +7,15 @@ validation can say "file:line: problem". Keys are always the plain text written 
 
 ``parse`` reads one document; ``need_map``, ``need_seq``, ``need_int``, ``need_bool`` and
 ``no_unknown`` check a field and raise a ``Problem`` naming it and what is expected.
+``Problems`` gathers them instead of stopping at the first: a reader checks each independent
+part (a policy, a field, a descriptor) under ``guard()`` and goes on, so one read of a config
+reports every problem in it.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -63,12 +68,57 @@ Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constru
 
 
 class Problem(Exception):
-    """A problem at a line of the file being read; turned into a ``ConfigError``."""
+    """A problem at a line of the file being read; turned into a ``ConfigError``. ``more``:
+    further problems found by the same check (every unknown key of a mapping)."""
 
-    def __init__(self, line: int, message: str) -> None:
+    def __init__(self, line: int, message: str, more: Sequence[Problem] = ()) -> None:
         super().__init__(message)
         self.line = line
         self.message = message
+        self.more = tuple(more)
+
+    @classmethod
+    def first_of(cls, found: Sequence[Problem]) -> Problem:
+        """One ``Problem`` carrying all of ``found`` (not empty)."""
+        return cls(found[0].line, found[0].message, found[1:])
+
+
+class Problems:
+    """Every problem of a set of files: ``at`` names the file being read, ``guard`` records a
+    ``Problem`` raised in its block (execution goes on after the block), ``lines`` lists them
+    as ``file:line: problem`` in file and line order."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[int, int, str]] = []
+        self.index = 0
+        self.path = "<config>"
+
+    def at(self, index: int, path: str) -> None:
+        """The problems recorded from now on are in ``path``, the ``index``-th file."""
+        self.index, self.path = index, path
+
+    @property
+    def count(self) -> int:
+        return len(self.found)
+
+    def add(self, problem: Problem) -> None:
+        for p in (problem, *problem.more):
+            self.found.append((self.index, p.line, f"{self.path}:{p.line}: {p.message}"))
+
+    def add_text(self, index: int, text: str) -> None:
+        """A problem of a whole file (it cannot be read), already worded."""
+        self.found.append((index, 0, text))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Record a ``Problem`` raised inside instead of letting it stop the read."""
+        try:
+            yield
+        except Problem as exc:
+            self.add(exc)
+
+    def lines(self) -> list[str]:
+        return [text for _, _, text in sorted(self.found, key=lambda f: (f[0], f[1]))]
 
 
 def parse(text: str) -> Any:
@@ -89,13 +139,16 @@ def parse(text: str) -> Any:
 
 
 def no_unknown(body: Map, allowed: set[str] | frozenset[str], where: str) -> None:
-    """Refuse a key of ``body`` that is not in ``allowed``."""
-    for key in body:
-        if key not in allowed:
-            raise Problem(
-                body.lines[key],
-                f"unknown key {key!r} in {where}; expected one of {', '.join(sorted(allowed))}",
-            )
+    """Refuse the keys of ``body`` that are not in ``allowed`` (all of them, in one
+    ``Problem``)."""
+    expected = ", ".join(sorted(allowed))
+    found = [
+        Problem(body.lines[key], f"unknown key {key!r} in {where}; expected one of {expected}")
+        for key in body
+        if key not in allowed
+    ]
+    if found:
+        raise Problem.first_of(found)
 
 
 def need_map(value: Any, line: int, what: str) -> Map:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
@@ -58,10 +59,13 @@ def request_of(fields: Mapping[str, str]) -> RequestInfo:
 
 
 def load_checks(spec: str) -> list[Check]:
-    """``module:attribute``: a list of checks, or a function returning one."""
+    """``module:attribute``: a list of checks, or a function returning one. The module is
+    found from the current directory too, as ``uvicorn app:app`` finds an app."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"checks {spec!r} are invalid; expected module:attribute")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

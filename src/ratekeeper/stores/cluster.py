@@ -25,6 +25,9 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
   one call (fail-open); the next call reconnects. Redirects (``MOVED``/``ASK``) are not retries
   and are always followed. The cluster is one failure domain (with
   ``cluster-require-full-coverage``, a cluster missing a primary refuses every key anyway).
+- **Batching**: async calls (plans and leases) in flight together ride in one pipeline per
+  cluster primary (``cluster_batching.ClusterBatcher``), when the store is built from a URL;
+  ``batching=None`` sends each through the cluster client. Sync calls are never batched.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder) are ``redis_leases`` over the same cluster clients and prefix: a caller key's lease
   set carries its hash tag, so the cluster client sends each script call to the slot's
@@ -34,6 +37,7 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -45,10 +49,14 @@ from redis.retry import Retry
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
-from .redis import _check_timeout, address
+from .batching import DEFAULT_BATCHING, Batching
+from .cluster_batching import ClusterBatcher
+from .layout import CompactLayout
+from .pipeline import Call
+from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
-from .redis_leases import AsyncRedisLeases, RedisLeases
-from .sharded import check_url
+from .redis_leases import AsyncRedisLeases, LeaseCall, RedisLeases
+from .urls import address, check_url, redact
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
 
@@ -74,16 +82,22 @@ class RedisClusterStore:
         async_client: redis.asyncio.RedisCluster | None = None,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         self.socket_timeout = _check_timeout(socket_timeout)
+        if batching is not None and not isinstance(batching, Batching):
+            raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
         if url is None and client is None and async_client is None:
             raise ConfigError("RedisClusterStore needs a url (redis://host:port) or a client")
         if url is not None:
             check_url(url, "cluster url")
             if url.startswith("unix:"):
-                raise ConfigError(f"cluster url {url!r} is a unix socket; expected redis://host")
+                raise ConfigError(
+                    f"cluster url {redact(url)!r} is a unix socket; expected redis://host"
+                )
         self.url = url
-        self.codec = Codec(prefix)
+        self.codec = Codec(prefix, layout)
         self.prefix = prefix
         self.client = client
         self._lock = threading.Lock()
@@ -93,9 +107,22 @@ class RedisClusterStore:
             )
         self.async_client = async_client
         self._async_ready = False
+        self.batcher: ClusterBatcher | None = None
+        if batching is not None and async_client is not None and url is not None:
+            self.batcher = ClusterBatcher(
+                async_client, url, self.codec, client_options(self.socket_timeout), batching,
+                self.ready, self._direct,
+            )  # fmt: skip
         self._leases: RedisLeases | None = None
-        self._async_leases = (
+        self._direct_leases = (
             None if async_client is None else AsyncRedisLeases(async_client, prefix)
+        )
+        self._async_leases = (
+            None
+            if async_client is None
+            else AsyncRedisLeases(
+                async_client, prefix, None if self.batcher is None else self.batcher.submit
+            )
         )
 
     def __repr__(self) -> str:
@@ -150,7 +177,7 @@ class RedisClusterStore:
         try:
             client = self._sync_client()
             if plan.op == "reset":
-                client.delete(*self.codec.keys(plan))
+                client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command = _on_primary(self.codec.command(plan))
             try:
@@ -175,14 +202,32 @@ class RedisClusterStore:
             self._async_ready = True
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
-        """The same as ``execute``, on the asyncio cluster client."""
+        """The same as ``execute``, on the asyncio cluster client: in its primary's batch of the
+        calls in flight, or alone without batching."""
+        if self.batcher is not None:
+            result: tuple[Outcome, ...] = await self.batcher.submit(plan)
+            return result
+        return await self._execute_async(plan)
+
+    async def _direct(self, call: Call) -> tuple[Any, ...]:
+        """One call through the cluster client, never batched (the batcher's way round a
+        redirect or a lost node)."""
+        if isinstance(call, LeaseCall):
+            assert self._direct_leases is not None  # the batcher exists only with a client
+            try:
+                return await self._direct_leases.run(call)
+            except _ERRORS as exc:
+                raise _lease_unavailable(exc) from exc
+        return await self._execute_async(call)
+
+    async def _execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         client = self.async_client
         if client is None:
             raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
         try:
             await self._ready(client)
             if plan.op == "reset":
-                await client.delete(*self.codec.keys(plan))
+                await client.execute_command(*self.codec.reset(plan))
                 return ()
             command = _on_primary(self.codec.command(plan))
             try:
@@ -262,7 +307,9 @@ class RedisClusterStore:
             self.client.close()
 
     async def aclose(self) -> None:
-        """Close the async client's connections."""
+        """Close the async client's connections (and the batcher's per-node ones)."""
+        if self.batcher is not None:
+            await self.batcher.aclose()
         if self.async_client is not None:
             await self.async_client.aclose()
 

@@ -12,8 +12,11 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 - Clients built from ``url`` get ``socket_timeout`` and ``socket_connect_timeout`` (default
   50 ms) and at most one immediate retry of a dropped connection, so a dead Redis costs a
   bounded time before the limiter's fail-open and circuit breaker take over.
+- Async calls (plans and leases) that are in flight together are coalesced into one pipeline
+  (``batching``; ``batching=None`` sends one ``EVALSHA`` per call) when the asyncio client is a
+  plain ``redis.asyncio.Redis``. Sync calls are never batched.
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
-  are delegated to ``redis_leases`` over the same clients and prefix.
+  are delegated to ``redis_leases`` over the same clients, prefix and batcher.
 - ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
   nothing, so a wrong address would otherwise show only as degraded decisions); errors and
   ``repr`` name the server by ``address`` (``host:port/db``), never its password.
@@ -22,7 +25,6 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 from __future__ import annotations
 
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -34,8 +36,12 @@ from redis.retry import Retry
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
+from .batching import DEFAULT_BATCHING, Batcher, Batching
+from .layout import CompactLayout
+from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
+from .urls import address, check_url, redact, scrub
 
 _R = TypeVar("_R", Retry, AsyncRetry)
 
@@ -68,16 +74,6 @@ def _retry(kind: type[_R]) -> _R:
     return kind(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 
 
-def address(url: str) -> str:
-    """``host:port/db`` (or the socket path) of a URL: what logs and errors name, without
-    credentials."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return parts.path
-    db = parts.path.strip("/") or "0"
-    return f"{parts.hostname}:{parts.port or 6379}/{db}"
-
-
 def client_address(client: Any) -> str:
     """``host:port/db`` of a redis-py client (sync or asyncio), from its connection settings."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
@@ -98,13 +94,17 @@ class RedisStore:
         async_client: redis.asyncio.Redis | None = None,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         timeout = _check_timeout(socket_timeout)
         if url is None and client is None and async_client is None:
             raise ConfigError("RedisStore needs a url (redis://host:port/db) or a client")
-        if url is not None and not isinstance(url, str):
-            raise ConfigError(f"url {url!r} is invalid; expected a string like redis://host:6379/0")
-        self.codec = Codec(prefix)
+        if batching is not None and not isinstance(batching, Batching):
+            raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
+        if url is not None:
+            check_url(url)
+        self.codec = Codec(prefix, layout)
         self.prefix = prefix
         options = client_options(timeout)
         try:
@@ -114,14 +114,23 @@ class RedisStore:
                 async_client = redis.asyncio.Redis.from_url(
                     url, retry=_retry(AsyncRetry), **options
                 )
-        except ValueError as exc:
-            raise ConfigError(f"url {url!r} is invalid: {exc}") from exc
+        except ValueError as exc:  # redis-py's message may quote the URL: ours is redacted
+            raise ConfigError(
+                f"url {redact(url)!r} is invalid: {scrub(str(exc), url or '')}"
+            ) from None
         self.client = client
         self.async_client = async_client
         self.address = address(url) if url is not None else client_address(client or async_client)
+        self.batcher: Batcher[Call, Result] | None = None
+        if batching is not None and isinstance(async_client, redis.asyncio.Redis):
+            self.batcher = Batcher(RedisPipeline(async_client, self.codec), batching)
         self._leases = None if client is None else RedisLeases(client, prefix)
         self._async_leases = (
-            None if async_client is None else AsyncRedisLeases(async_client, prefix)
+            None
+            if async_client is None
+            else AsyncRedisLeases(
+                async_client, prefix, None if self.batcher is None else self.batcher.submit
+            )
         )
 
     def __repr__(self) -> str:
@@ -159,7 +168,7 @@ class RedisStore:
             raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
         try:
             if plan.op == "reset":
-                client.delete(*self.codec.keys(plan))
+                client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command = self.codec.command(plan)
             try:
@@ -171,13 +180,18 @@ class RedisStore:
         return outcomes(reply)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
-        """The same as ``execute``, on the asyncio client."""
+        """The same as ``execute``, on the asyncio client: in the batch of the calls in flight
+        (the batcher wraps errors in ``StoreUnavailable``), or alone without batching."""
+        batcher = self.batcher
+        if batcher is not None:
+            result: tuple[Outcome, ...] = await batcher.submit(plan)
+            return result
         client = self.async_client
         if client is None:
             raise ConfigError("this RedisStore has only a sync client; use Limiter")
         try:
             if plan.op == "reset":
-                await client.delete(*self.codec.keys(plan))
+                await client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command: Command = self.codec.command(plan)
             try:

@@ -3,11 +3,13 @@
 Nothing here does I/O, so ``RedisStore``'s sync and async paths (and the sharded and cluster
 stores built on it) share it and differ only in how they send a command.
 
-- ``Script``: one algorithm's Lua twin (``algorithms/lua/<name>.lua``), read with
-  ``importlib.resources`` and SHA1-hashed once per process.
-- ``Codec``: per store prefix, turns a ``Plan`` into the full ``EVALSHA`` command
-  (``EVALSHA_RO`` for ``peek``, so a replica can serve it) or into the keys of a ``reset``.
-  Each policy's script and per-rate ARGV are computed once and remembered.
+- ``Script``: one algorithm's Lua twin (``algorithms/lua/<name>.lua``) for one key layout
+  (``integer.lua`` + ``layout_<layout>.lua`` + the twin), read with ``importlib.resources``
+  and SHA1-hashed once per process.
+- ``Codec``: per store prefix and key layout (``layout``), turns a ``Plan`` into the full
+  ``EVALSHA`` command (``EVALSHA_RO`` for ``peek``, so a replica can serve it) or into the
+  command of a ``reset``. Each policy's script and per-rate ARGV are computed once and
+  remembered.
 - ``Codec.packed``: the same command as RESP request bytes, assembled from pieces encoded once
   per policy (a pipeline of many plans sends these); ``pack`` encodes any command.
 - ``fallback``: the same command as ``EVAL``/``EVAL_RO`` with the source, for after ``NOSCRIPT``
@@ -15,12 +17,13 @@ stores built on it) share it and differ only in how they send a command.
 - ``outcomes``: the script's flat integer reply -> one ``Outcome`` per rate.
 
 The wire contract shared by every script (each script's header repeats it):
-``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag);
+``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag) or,
+in the compact layout, rate i's hash of the caller key's bucket (``stores.layout``);
 ``ARGV`` is ``op`` (``hit``/``peek``/``refund``), ``now_ms``, ``cost``, then three integers per
 rate: ``count``, ``period_ms`` and ``extra`` (``burst`` for token_bucket and gcra, ``buckets``
-for sliding_window, the option bits ``Limit.flags`` otherwise). ``hit``/``peek`` reply four
-integers per rate: allowed (1/0), remaining, reset_ms and retry_ms (-1 for never); ``refund``
-replies an empty array.
+for sliding_window, the option bits ``Limit.flags`` otherwise), then, in the compact layout
+only, the caller key's field. ``hit``/``peek`` reply four integers per rate: allowed (1/0),
+remaining, reset_ms and retry_ms (-1 for never); ``refund`` replies an empty array.
 """
 
 from __future__ import annotations
@@ -37,10 +40,17 @@ from ..algorithms.base import INF
 from ..errors import ConfigError
 from ..plan import Plan, Policy
 from .keys import check_prefix, encode_tag, redis_key
+from .layout import CompactLayout, bucket_tag, check_layout, compact_field
 
 Command = tuple[Any, ...]
-_Packed = tuple[Policy, bytes, tuple[bytes, ...], bytes, bytes]
-"""A policy's pre-encoded pieces for one op: policy, head, slots, op, tail (``Codec.packed``)."""
+_Packed = tuple[Policy, bytes, tuple[bytes, ...], bytes, bytes, bool]
+"""A policy's pre-encoded pieces for one op: policy, head, slots, op, tail, and whether its
+states are packed into hash fields (``Codec.packed``)."""
+_Entry = tuple[Policy, str, tuple[str, ...], tuple[int, ...], bool]
+"""A policy's script SHA, slots, per-rate ARGV and packing (``Codec.command``)."""
+
+COMPACT_RESET = "for i = 1, #KEYS do redis.call('HDEL', KEYS[i], ARGV[1]) end"
+"""A compact layout's reset: the caller key's field out of each rate's hash (sent as EVAL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +63,20 @@ class Script:
 
 
 @cache
-def script(name: str) -> Script:
-    """The Lua twin of algorithm ``name``, read and hashed once."""
+def script(name: str, layout: str = "keys") -> Script:
+    """The Lua twin of algorithm ``name`` for key layout ``keys`` or ``compact``, read and
+    hashed once."""
     if name not in ALGORITHMS:
         raise ConfigError(
             f"no Lua script for algorithm {name!r}; expected one of {sorted(ALGORITHMS)}"
         )
     lua = resources.files("ratekeeper.algorithms").joinpath("lua")
-    # integer.lua (exact integer division) is shared by every twin: one copy, prepended here
-    source = lua.joinpath("integer.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+    # integer.lua (exact integer division) and the layout's load/save are shared by every
+    # twin: one copy each, prepended here (sliding_log keeps its lists in either layout)
+    parts = ["integer.lua", f"layout_{layout}.lua", f"{name}.lua"]
+    if name == "sliding_log":
+        parts.remove(f"layout_{layout}.lua")
+    source = "".join(lua.joinpath(part).read_text() for part in parts)
     sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
     _BY_SHA[sha] = source
     return Script(name, source, sha)
@@ -86,32 +101,60 @@ def policy_args(policy: Policy) -> tuple[int, ...]:
 
 
 class Codec:
-    """Plans -> commands for one key prefix; remembers each policy's script and ARGV tail."""
+    """Plans -> commands for one key prefix and layout; remembers each policy's script and
+    ARGV tail."""
 
-    __slots__ = ("_packed", "_policies", "_prefix_bytes", "prefix")
+    __slots__ = ("_buckets", "_packed", "_policies", "_prefix_bytes", "layout", "prefix")
 
-    def __init__(self, prefix: str = "rk") -> None:
+    def __init__(self, prefix: str = "rk", layout: CompactLayout | None = None) -> None:
         self.prefix = check_prefix(prefix)
+        self.layout = check_layout(layout)
+        self._buckets = 0 if layout is None else layout.buckets
         self._prefix_bytes = prefix.encode()
-        # id(policy) -> (policy, sha, slots, args); the policy is kept so its id stays unique.
-        self._policies: dict[int, tuple[Policy, str, tuple[str, ...], tuple[int, ...]]] = {}
+        # id(policy) -> (policy, sha, slots, args, packed); the policy keeps its id unique.
+        self._policies: dict[int, _Entry] = {}
         # (id(policy), op) -> the pieces ``packed`` joins (the policy keeps its id unique)
         self._packed: dict[tuple[int, str], _Packed] = {}
 
+    def _compact(self, policy: Policy) -> bool:
+        return self.layout is not None and self.layout.packs(policy.algorithm.NAME)
+
+    def tag(self, plan: Plan) -> str:
+        """The hash tag of the plan's keys (a Cluster routes by it): the caller key's, or its
+        bucket's in the compact layout."""
+        if self.layout is not None and self.layout.packs(plan.policy.algorithm.NAME):
+            return bucket_tag(compact_field(plan.key), self.layout.buckets)
+        return encode_tag(plan.key)
+
     def keys(self, plan: Plan) -> list[str]:
-        """The Redis keys of the plan's rates, in stack order."""
-        prefix, key = self.prefix, plan.key
-        return [redis_key(prefix, key, slot) for slot in plan.policy.slots]
+        """The Redis keys of the plan's rates, in stack order (compact: the hashes)."""
+        prefix, slots = self.prefix, plan.policy.slots
+        if self.layout is not None and self.layout.packs(plan.policy.algorithm.NAME):
+            tag = bucket_tag(compact_field(plan.key), self.layout.buckets)
+            return [f"{prefix}{{{tag}}}{slot}" for slot in slots]
+        return [redis_key(prefix, plan.key, slot) for slot in slots]
+
+    def reset(self, plan: Plan) -> Command:
+        """The command that forgets the plan's state: ``DEL`` of its keys, or in the compact
+        layout the caller key's field out of each hash."""
+        keys = self.keys(plan)
+        if self._compact(plan.policy):
+            return ("EVAL", COMPACT_RESET, len(keys), *keys, compact_field(plan.key))
+        return ("DEL", *keys)
 
     def command(self, plan: Plan) -> Command:
-        """The full command for ``hit``/``peek``/``refund`` (``reset`` is a plain ``DEL``)."""
+        """The full command for ``hit``/``peek``/``refund`` (``reset``: see ``reset``)."""
         policy = plan.policy
         entry = self._policies.get(id(policy))
         if entry is None or entry[0] is not policy:
             entry = self._remember(policy)
-        _, sha, slots, args = entry
+        _, sha, slots, args, compact = entry
         op = plan.op
         name = "EVALSHA_RO" if op == "peek" else "EVALSHA"
+        if compact:
+            keys = self.keys(plan)
+            field = compact_field(plan.key)
+            return (name, sha, len(keys), *keys, op, plan.now_ms, plan.cost, *args, field)
         if len(slots) == 1:
             key = redis_key(self.prefix, plan.key, slots[0])
             return (name, sha, 1, key, op, plan.now_ms, plan.cost, *args)
@@ -130,9 +173,15 @@ class Codec:
         entry = self._packed.get((id(policy), plan.op))
         if entry is None or entry[0] is not policy:
             entry = self._remember_packed(policy, plan.op)
-        _, head, slots, op, tail = entry
+        _, head, slots, op, tail, compact = entry
         prefix = self._prefix_bytes
-        tag = encode_tag(plan.key).encode()  # never a surrogate: encode_tag escapes them
+        if compact:
+            field = compact_field(plan.key)
+            tag = bucket_tag(field, self._buckets).encode()
+            data = field.encode()
+            tail = b"%s$%d\r\n%s\r\n" % (tail, len(data), data)
+        else:
+            tag = encode_tag(plan.key).encode()  # never a surrogate: encode_tag escapes them
         size = len(prefix) + len(tag) + 2
         if len(slots) == 1:
             keys = b"$%d\r\n%s{%s}%s\r\n" % (size + len(slots[0]), prefix, tag, slots[0])
@@ -152,18 +201,21 @@ class Codec:
         name = "EVALSHA_RO" if op == "peek" else "EVALSHA"
         args = policy_args(policy)
         n = len(policy.slots)
-        # name, sha, numkeys, the keys, op, now_ms, cost, the per-rate ARGV
-        head = b"*%d\r\n" % (3 + n + 3 + len(args)) + _bulks(
-            name, script(policy.algorithm.NAME).sha, n
-        )
-        entry = (policy, head, tuple(s.encode() for s in policy.slots), _bulks(op), _bulks(*args))
+        compact = self._compact(policy)
+        sha = script(policy.algorithm.NAME, "compact" if compact else "keys").sha
+        # name, sha, numkeys, the keys, op, now_ms, cost, the per-rate ARGV (, the field)
+        head = b"*%d\r\n" % (3 + n + 3 + len(args) + compact) + _bulks(name, sha, n)
+        slots = tuple(s.encode() for s in policy.slots)
+        entry = (policy, head, slots, _bulks(op), _bulks(*args), compact)
         self._packed[(id(policy), op)] = entry
         return entry
 
-    def _remember(self, policy: Policy) -> tuple[Policy, str, tuple[str, ...], tuple[int, ...]]:
+    def _remember(self, policy: Policy) -> _Entry:
         if len(self._policies) >= 4096:
             self._policies.clear()
-        entry = (policy, script(policy.algorithm.NAME).sha, policy.slots, policy_args(policy))
+        compact = self._compact(policy)
+        sha = script(policy.algorithm.NAME, "compact" if compact else "keys").sha
+        entry = (policy, sha, policy.slots, policy_args(policy), compact)
         self._policies[id(policy)] = entry
         return entry
 

@@ -17,6 +17,8 @@ handling and error wrapping are the same as on a single Redis.
   with the caller's ``now``, so a replica still holding an ended window reports it as ended.
 - **Failure domains**: the store is ``Partitioned`` by shard, so a limiter keeps one circuit
   breaker per shard and a dead shard degrades only the keys it owns.
+- **Batching**: each server's ``RedisStore`` coalesces the async calls in flight to it
+  (``batching``), so writes ride in one pipeline per primary and peeks one per replica.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder): every lease call goes to the primary of the shard that owns the caller key, like a
   ``hit``; ``partition_key`` names that shard, so the concurrency limiter keeps one breaker
@@ -28,43 +30,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
 from ..plan import Plan
+from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
-from .redis import RedisStore, address
+from .layout import CompactLayout, check_layout
+from .redis import RedisStore
 from .rendezvous import Rendezvous
+from .sentinel import SentinelClients, SentinelShard, sentinel_clients
+from .urls import address, check_url, redact
 
 REPLICA_COOLDOWN_MS = 1000
 """How long a replica that failed a read is skipped (reads go to the primary meanwhile)."""
-
-_SCHEMES = ("redis", "rediss", "unix")
-
-
-def check_url(url: object, what: str = "url") -> str:
-    """A Redis URL: ``redis://`` or ``rediss://`` with a host (port, db optional), or ``unix://``."""
-    expected = "expected redis://host:port/db, rediss://host:port/db or unix:///path.sock"
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{what} {url!r} is invalid; {expected}")
-    parts = urlsplit(url)
-    if parts.scheme not in _SCHEMES:
-        raise ConfigError(f"{what} {url!r} has scheme {parts.scheme!r}; {expected}")
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ConfigError(f"{what} {url!r} has no socket path; {expected}")
-        return url
-    try:
-        _ = parts.port  # parsed lazily: a bad port raises here
-    except ValueError:
-        raise ConfigError(f"{what} {url!r} has an invalid port; {expected}") from None
-    if not parts.hostname:
-        raise ConfigError(f"{what} {url!r} has no host; {expected}")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise ConfigError(f"{what} {url!r} has database {db!r}; expected a number, e.g. /0")
-    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +74,48 @@ class Shard:
         if not self.name:
             object.__setattr__(self, "name", address(self.url))
 
+    def __repr__(self) -> str:  # URLs may hold passwords: never shown
+        replicas = [redact(url) for url in self.replicas]
+        return f"Shard({redact(self.url)!r}, replicas={replicas!r}, name={self.name!r})"
+
 
 class _Node:
     """One shard's servers as stores, and when each replica may be tried again."""
 
-    __slots__ = ("down_until_ms", "name", "primary", "replicas", "turn")
+    __slots__ = ("down_until_ms", "name", "primary", "replicas", "sentinel", "turn")
 
-    def __init__(self, shard: Shard, prefix: str, socket_timeout: float) -> None:
+    def __init__(
+        self,
+        shard: Shard | SentinelShard,
+        prefix: str,
+        socket_timeout: float,
+        batching: Batching | None,
+        layout: CompactLayout | None,
+    ) -> None:
         self.name = shard.name
-        self.primary = RedisStore(shard.url, prefix=prefix, socket_timeout=socket_timeout)
-        self.replicas = tuple(
-            RedisStore(url, prefix=prefix, socket_timeout=socket_timeout) for url in shard.replicas
-        )
+
+        def store(
+            url: str | None = None,
+            client: redis.Redis | None = None,
+            async_client: redis.asyncio.Redis | None = None,
+        ) -> RedisStore:
+            return RedisStore(
+                url, client=client, async_client=async_client, prefix=prefix,
+                socket_timeout=socket_timeout, batching=batching, layout=layout,
+            )  # fmt: skip
+
+        self.sentinel: SentinelClients | None = None
+        if isinstance(shard, SentinelShard):
+            clients = self.sentinel = sentinel_clients(shard, socket_timeout)
+            self.primary = store(client=clients.primary, async_client=clients.async_primary)
+            # one store over Sentinel's replicas: redis-py picks one per connection
+            replicas = store(client=clients.replicas, async_client=clients.async_replicas)
+            self.primary.address = f"{shard.name} primary"  # Sentinel names the server
+            replicas.address = f"{shard.name} replicas"
+            self.replicas: tuple[RedisStore, ...] = (replicas,)
+        else:
+            self.primary = store(shard.url)
+            self.replicas = tuple(store(url) for url in shard.replicas)
         self.down_until_ms = [0] * len(self.replicas)
         self.turn = itertools.count()
 
@@ -128,24 +140,32 @@ class ShardedRedisStore:
     """Runs each plan on the shard that owns its caller key (see the module docstring)."""
 
     def __init__(
-        self, shards: Sequence[Shard], *, prefix: str = "rk", socket_timeout: float = 0.05
+        self,
+        shards: Sequence[Shard | SentinelShard],
+        *,
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
     ) -> None:
         if isinstance(shards, Shard) or not isinstance(shards, Sequence):
             raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
         for shard in shards:
-            if not isinstance(shard, Shard):
+            if not isinstance(shard, Shard | SentinelShard):
                 raise ConfigError(
-                    f"shard {shard!r} is invalid; expected Shard(url, replicas=[...])"
+                    f"shard {shard!r} is invalid; expected Shard(url, replicas=[...]) or "
+                    "SentinelShard(service, sentinels=[...])"
                 )
         self.shards = tuple(shards)
         self.prefix = check_prefix(prefix)
         self.placement = Rendezvous([s.name for s in self.shards])
-        self._nodes = tuple(_Node(s, prefix, socket_timeout) for s in self.shards)
+        check_layout(layout)
+        self._nodes = tuple(_Node(s, prefix, socket_timeout, batching, layout) for s in self.shards)
 
     def __repr__(self) -> str:
         return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
 
-    def shard_of(self, key: str) -> Shard:
+    def shard_of(self, key: str) -> Shard | SentinelShard:
         """The shard that holds ``key``'s state."""
         return self.shards[self.placement.owner(encode_tag(key))]
 
@@ -263,13 +283,41 @@ class ShardedRedisStore:
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 store.close()
+            if node.sentinel is not None:
+                node.sentinel.close()
 
     async def aclose(self) -> None:
         """Close every async client's connections."""
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 await store.aclose()
+            if node.sentinel is not None:
+                await node.sentinel.aclose()
 
 
 def _unavailable(node: _Node, exc: StoreUnavailable) -> StoreUnavailable:
     return StoreUnavailable(f"shard {node.name}: {exc}")
+
+
+class SentinelStore(ShardedRedisStore):
+    """One primary and its replicas found through Redis Sentinel (see ``sentinel``): a
+    ``ShardedRedisStore`` of one ``SentinelShard``."""
+
+    def __init__(
+        self,
+        service: str,
+        sentinels: Sequence[str],
+        *,
+        url: str = "redis:///0",
+        prefix: str = "rk",
+        socket_timeout: float = 0.05,
+        batching: Batching | None = DEFAULT_BATCHING,
+        layout: CompactLayout | None = None,
+    ) -> None:
+        shard = SentinelShard(service, sentinels, url)
+        super().__init__(
+            [shard], prefix=prefix, socket_timeout=socket_timeout, batching=batching, layout=layout
+        )
+
+    def __repr__(self) -> str:
+        return f"SentinelStore({self.shards[0]!r}, prefix={self.prefix!r})"

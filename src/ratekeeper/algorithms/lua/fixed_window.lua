@@ -1,6 +1,8 @@
 -- fixed_window: the Lua twin of algorithms/fixed_window.py (same integer arithmetic).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
+--          written only through the layout's load/save/add (layout_keys.lua, or
+--          layout_compact.lua: then the caller's hash field is the last ARGV).
 -- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
 --          then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
 --          now - now % period), 2 count_rejected (a rejected hit is charged too; the stack's
@@ -8,10 +10,10 @@
 -- Value    one decimal: "<count><end_ms as 13 digits>" (count left out when 0), which Redis
 --          stores as an integer when it fits in 64 bits; "<count>:<end_ms>" when end_ms is
 --          outside 0..10**13-1. Times are epoch ms from the caller's clock (never Redis TIME).
--- Expiry   a window ends by its stored end, never by TTL; opening a window (SET) sets a
---          relative PEXPIRE of end_ms - now_ms + 1000 so idle keys vanish; later hits in it
---          INCRBY cost x 10**13, which keeps both the integer encoding and that TTL; a refund
---          rewrites the value with SET ... PX.
+-- Expiry   a window ends by its stored end, never by TTL; opening a window (save) asks for a
+--          relative TTL of end_ms - now_ms + 1000 so idle keys vanish; later hits in it add
+--          cost x 10**13 in place, which keeps both the integer encoding and that TTL; a refund
+--          saves the value again.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
 
@@ -37,7 +39,7 @@ end
 -- "<count><13-digit end>" below 10**15. Same decision as the general code below, without
 -- creating its tables and closures (Redis CPU per decision matters most here).
 if op == 'hit' and #KEYS == 1 then
-  local raw = redis.call('GET', KEYS[1])
+  local raw = load(1)
   local n = raw and #raw or 0
   if n > 13 and n <= 15 then
     local v = tonumber(raw)
@@ -47,14 +49,14 @@ if op == 'hit' and #KEYS == 1 then
         local count = tonumber(ARGV[4])
         if used + cost > count then
           if count_rejected and used + cost < 922336 then
-            redis.call('INCRBY', KEYS[1], cost .. '0000000000000')
+            add(1, cost .. '0000000000000')
           end
           if not count_rejected or used + cost < 922336 then
             return {0, math.max(0, count - used), ends, (cost <= count) and (ends - now) or -1}
           end
         end
         if used + cost < 922336 then
-          redis.call('INCRBY', KEYS[1], cost .. '0000000000000')
+          add(1, cost .. '0000000000000')
           return {1, math.max(0, count - used - cost), ends, 0}
         end
       end
@@ -84,6 +86,12 @@ local function decode(raw)
   return tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
 end
 
+-- a window that has ended is the same as none (the compact layout sweeps such fields)
+stale = function(i, raw)
+  local _, ends = decode(raw)
+  return not ends or ends <= now
+end
+
 local function encode(used, ends)
   if ends >= 0 and ends < 1e13 then
     if used == 0 then
@@ -106,19 +114,19 @@ local function change(i, raw, used, delta, ends)
     return
   end
   if n > 13 and used + delta < 922336 and (n <= 15 or not string.find(raw, ':', 1, true)) then
-    writes[i] = {'INCRBY', delta .. '0000000000000'}
+    writes[i] = {'add', delta .. '0000000000000'}
   else
-    writes[i] = {'SET', encode(used + delta, ends), 'PX', ttl(ends)}
+    writes[i] = {'save', encode(used + delta, ends), ttl(ends)}
   end
 end
 
 for i = 1, #KEYS do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local raw = redis.call('GET', KEYS[i])
+  local raw = load(i)
   local used, ends = decode(raw)
   if op == 'refund' then
     if used and ends > now then
-      writes[i] = {'SET', encode(used - math.min(cost, used), ends), 'PX', ttl(ends)}
+      writes[i] = {'save', encode(used - math.min(cost, used), ends), ttl(ends)}
     end
   else
     local live = used and ends > now
@@ -132,7 +140,7 @@ for i = 1, #KEYS do
       if live then
         change(i, raw, used, after - used, ends)
       else
-        writes[i] = {'SET', encode(after, ends), 'PX', ttl(ends)}
+        writes[i] = {'save', encode(after, ends), ttl(ends)}
       end
       used = after
     end
@@ -153,7 +161,11 @@ if op == 'refund' or (op == 'hit' and (all_allowed or count_rejected)) then
   for i = 1, #KEYS do
     local w = writes[i]
     if w then
-      redis.call(w[1], KEYS[i], unpack(w, 2))
+      if w[1] == 'add' then
+        add(i, w[2])
+      else
+        save(i, w[2], w[3])
+      end
     end
   end
 end

@@ -1,11 +1,13 @@
 -- gcra: the Lua twin of algorithms/gcra.py (same integer arithmetic).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
+--          written only through the layout's load/save (layout_keys.lua, or
+--          layout_compact.lua: then the caller's hash field is the last ARGV).
 -- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (how many may pass at one instant).
 -- Value    tat_us, the theoretical arrival time in epoch microseconds, as a decimal integer
 --          (Redis stores it as an integer). T = ceil(period_ms * 1000 / count) us per unit.
--- Expiry   the state means nothing once now passes tat; every write sets a relative PEXPIRE of
+-- Expiry   the state means nothing once now passes tat; every save asks for a relative TTL of
 --          ceil(tat_us / 1000) - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
@@ -17,12 +19,18 @@ local now_us = now * 1000
 
 -- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
+-- a theoretical arrival time not after now is the same as none (the compact layout sweeps it)
+stale = function(i, raw)
+  local tat = tonumber(raw)
+  return not tat or tat <= now_us
+end
+
 local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
   local t = ceil_div(period * 1000, count)
-  local stored = tonumber(redis.call('GET', KEYS[i]))
+  local stored = tonumber(load(i))
   if op == 'refund' then
     if stored then
       writes[i] = math.max(now_us, stored - cost * t)
@@ -60,7 +68,7 @@ if op == 'refund' or (op == 'hit' and all_allowed) then
   for i = 1, #KEYS do
     local tat = writes[i]
     if tat then
-      redis.call('SET', KEYS[i], string.format('%d', tat), 'PX',
+      save(i, string.format('%d', tat),
         string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000)))
     end
   end

@@ -1,13 +1,15 @@
 -- sliding_window: the Lua twin of algorithms/sliding_window.py (same integer arithmetic).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
+--          written only through the layout's load/save (layout_keys.lua, or
+--          layout_compact.lua: then the caller's hash field is the last ARGV).
 -- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
 --          then per rate i: count, period_ms, buckets (sub-intervals per period).
 -- State    (index of the newest bucket, counts newest first), index = floor(t * buckets /
 --          period_ms) on the epoch-aligned grid; trailing zero counts are left out.
 -- Value    "<index>:<count0>:<count1>..." in decimal, e.g. "28333334:7:12".
 -- Expiry   the newest bucket leaves the estimate at ceil((index + buckets + 1) * period_ms /
---          buckets); every write sets a relative PEXPIRE of that - now_ms + 1000.
+--          buckets); every save asks for a relative TTL of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
@@ -45,6 +47,14 @@ local function align(raw, n, p)
     end
   end
   return cur, elapsed, counts
+end
+
+-- counts whose newest bucket has left the estimate are the same as none (the compact layout
+-- sweeps such fields)
+stale = function(i, raw)
+  local p, n = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+  local idx = tonumber(string.match(raw, '^[^:]+'))
+  return not idx or ceil_div((idx + n + 1) * p, n) <= now
 end
 
 local function encode(cur, counts)
@@ -97,7 +107,7 @@ local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do
   local count, p, n = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
-  local raw = redis.call('GET', KEYS[i])
+  local raw = load(i)
   if op == 'refund' then
     if raw then
       local cur, _, counts = align(raw, n, p)
@@ -144,8 +154,7 @@ if op == 'refund' or (op == 'hit' and all_allowed) then
     if w then
       local p, n = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
       local expires = ceil_div((w[1] + n + 1) * p, n)
-      redis.call('SET', KEYS[i], encode(w[1], w[2]), 'PX',
-        string.format('%d', math.max(1000, expires - now + 1000)))
+      save(i, encode(w[1], w[2]), string.format('%d', math.max(1000, expires - now + 1000)))
     end
   end
 end

@@ -1,6 +1,8 @@
 -- token_bucket: the Lua twin of algorithms/token_bucket.py (same integer arithmetic).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
+-- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
+--          written only through the layout's load/save (layout_keys.lua, or
+--          layout_compact.lua: then the caller's hash field is the last ARGV).
 -- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (the bucket's capacity).
 -- State    (scaled, updated_ms): tokens x period_ms, and when they were counted. scaled is
@@ -9,7 +11,7 @@
 --          scaled/g < 9,223,372); "<scaled/g>:<updated_ms>" when updated_ms is before
 --          2023-11-14 or after 2055 (epoch 1.7e12 + 10**12 ms).
 -- Expiry   a bucket is full again at updated_ms + ceil((burst*period_ms - scaled) / count); every
---          write sets a relative PEXPIRE of that - now_ms + 1000 (a missing key = a full bucket).
+--          save asks for a relative TTL of that - now_ms + 1000 (a missing key = a full bucket).
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
 --          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
@@ -56,6 +58,17 @@ local function encode(high, time_ms)
   return string.format('%d:%d', high, time_ms)
 end
 
+-- a bucket that is full again is the same as none (the compact layout sweeps such fields)
+stale = function(i, raw)
+  local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+    tonumber(ARGV[3 * i + 3])
+  local high, updated = decode(raw)
+  if not high then
+    return true
+  end
+  return updated + ceil_div(burst * period - high * gcd(count, period), count) <= now
+end
+
 -- the bucket refilled to now: (scaled, updated); a clock behind the writer's changes nothing
 local function level(scaled, updated, full, count)
   if not scaled then
@@ -74,7 +87,7 @@ for i = 1, #KEYS do
     tonumber(ARGV[3 * i + 3])
   local g = gcd(count, period)
   local full = burst * period
-  local stored, updated = decode(redis.call('GET', KEYS[i]))
+  local stored, updated = decode(load(i))
   if stored then
     stored = stored * g
   end
@@ -119,7 +132,7 @@ if op == 'refund' or (op == 'hit' and all_allowed) then
       local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
         tonumber(ARGV[3 * i + 3])
       local expires = w[2] + ceil_div(burst * period - w[1], count)
-      redis.call('SET', KEYS[i], encode(idiv(w[1], gcd(count, period)), w[2]), 'PX',
+      save(i, encode(idiv(w[1], gcd(count, period)), w[2]),
         string.format('%d', math.max(1000, expires - now + 1000)))
     end
   end

@@ -1,5 +1,5 @@
-"""ClusterBatcher on a real 3-primary cluster: per-node batches, the same decisions as the
-unbatched cluster store, MOVED after a reshard, NOSCRIPT, a node that is gone."""
+"""A batching RedisClusterStore on a real 3-primary cluster: per-node batches, the same
+decisions as the unbatched cluster store, MOVED after a reshard, NOSCRIPT, a node that is gone."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, RedisClusterStore
 from ratekeeper.errors import ConfigError
-from ratekeeper.service.batching import RedisPipeline
-from ratekeeper.service.cluster_batching import ClusterBatcher, node_url
+from ratekeeper.stores.batching import Batching
+from ratekeeper.stores.cluster_batching import ClusterBatcher, node_url
 from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.pipeline import RedisPipeline
 from tests import redis_servers as rs
 from tests.test_cluster_store import begin_migration, errors, finish_migration, owner_of
 
@@ -22,11 +23,14 @@ Answer = tuple[str, bool, int, float, float]
 
 
 def pipelines(batcher: ClusterBatcher) -> list[RedisPipeline]:
-    out = []
-    for b in batcher._batchers.values():
-        assert isinstance(b.execute_many, RedisPipeline)
-        out.append(b.execute_many)
-    return out
+    return batcher.pipelines()
+
+
+def batching(url: str, prefix: str, timeout: float = TIMEOUT) -> tuple[Any, ClusterBatcher]:
+    """A batching cluster store and its batcher."""
+    store = RedisClusterStore(url, prefix=prefix, socket_timeout=timeout)
+    assert store.batcher is not None
+    return store, store.batcher
 
 
 async def traffic(store: Any, algorithm: str) -> list[list[Answer]]:
@@ -51,26 +55,27 @@ async def traffic(store: Any, algorithm: str) -> list[list[Answer]]:
 def test_batched_decisions_match_the_cluster_store(cluster_url: str, algorithm: str) -> None:
     async def both() -> tuple[list[list[Answer]], list[list[Answer]], ClusterBatcher]:
         # load the scripts on every node first: a NOSCRIPT reply costs one EVAL per plan
-        plain = RedisClusterStore(cluster_url, prefix=f"cw{algorithm}", socket_timeout=TIMEOUT)
-        await traffic(plain, algorithm)
-        batcher = ClusterBatcher(
-            RedisClusterStore(cluster_url, prefix=f"cb{algorithm}", socket_timeout=TIMEOUT),
-            TIMEOUT,
+        plain = RedisClusterStore(
+            cluster_url, prefix=f"cw{algorithm}", socket_timeout=TIMEOUT, batching=None
         )
+        await traffic(plain, algorithm)
+        store, batcher = batching(cluster_url, f"cb{algorithm}")
         # and connect: the first calls wait one by one for the slot map and the connections
-        warm = AsyncLimiter(batcher, clock=ManualClock())
+        warm = AsyncLimiter(store, clock=ManualClock())
         await asyncio.gather(*(warm.hit(f"warm:{i}", "3/minute") for i in range(24)))
         for p in pipelines(batcher):
             p.round_trips = 0
-        batched = await traffic(batcher, algorithm)
-        plain = RedisClusterStore(cluster_url, prefix=f"cu{algorithm}", socket_timeout=TIMEOUT)
+        batched = await traffic(store, algorithm)
+        plain = RedisClusterStore(
+            cluster_url, prefix=f"cu{algorithm}", socket_timeout=TIMEOUT, batching=None
+        )
         single = await traffic(plain, algorithm)
-        await batcher.aclose()
+        await store.aclose()
         return batched, single, batcher
 
     batched, single, batcher = asyncio.run(both())
     assert batched == single
-    assert len(batcher._batchers) == 3  # 24 keys spread over the three primaries
+    assert len(batcher.batchers) == 3  # 24 keys spread over the three primaries
     plans = 4 * 96
     trips = sum(p.round_trips for p in pipelines(batcher))
     assert trips <= 4 * 3, f"{trips} round trips for {plans} plans"  # one per node per step
@@ -86,17 +91,15 @@ def test_moved_after_a_reshard_is_followed_and_the_state_kept(
     slot = src.client().cluster("keyslot", key)
 
     async def go() -> tuple[list[int], ClusterBatcher]:
-        batcher = ClusterBatcher(
-            RedisClusterStore(cluster_url, prefix="mv", socket_timeout=TIMEOUT), TIMEOUT
-        )
-        limiter = AsyncLimiter(batcher, clock=ManualClock(), fail_open=False)
+        store, batcher = batching(cluster_url, "mv")
+        limiter = AsyncLimiter(store, clock=ManualClock(), fail_open=False)
         seen = [(await limiter.hit("mover", "10/minute")).remaining]
         begin_migration(src, dst, slot)
         finish_migration(redis_cluster, dst, slot)
         src.client().config_resetstat()
         seen.append((await limiter.hit("mover", "10/minute")).remaining)  # MOVED: re-sent
         seen.append((await limiter.hit("mover", "10/minute")).remaining)  # the new owner's batch
-        await batcher.aclose()
+        await store.aclose()
         return seen, batcher
 
     seen, batcher = asyncio.run(go())
@@ -110,15 +113,13 @@ def test_noscript_on_every_node_falls_back_to_eval(
     cluster_url: str, redis_cluster: rs.RedisCluster
 ) -> None:
     async def go() -> list[bool]:
-        batcher = ClusterBatcher(
-            RedisClusterStore(cluster_url, prefix="ns", socket_timeout=TIMEOUT), TIMEOUT
-        )
-        limiter = AsyncLimiter(batcher, clock=ManualClock(), fail_open=False)
+        store, _ = batching(cluster_url, "ns")
+        limiter = AsyncLimiter(store, clock=ManualClock(), fail_open=False)
         await asyncio.gather(*(limiter.hit(f"n{i}", "2/minute") for i in range(30)))
         for node in redis_cluster.nodes:
             node.client().script_flush()
         second = await asyncio.gather(*(limiter.hit(f"n{i}", "2/minute") for i in range(30)))
-        await batcher.aclose()
+        await store.aclose()
         return [d.remaining == 0 and d.allowed and not d.degraded for d in second]
 
     assert all(asyncio.run(go()))
@@ -130,10 +131,8 @@ def test_a_node_that_is_gone_fails_open_for_its_keys_only(
     victim = fresh_cluster.nodes[0]
 
     async def go() -> tuple[list[bool], list[bool]]:
-        batcher = ClusterBatcher(
-            RedisClusterStore(fresh_cluster.url, prefix="gone", socket_timeout=2.0), 2.0
-        )
-        limiter = AsyncLimiter(batcher, clock=ManualClock())
+        store, _ = batching(fresh_cluster.url, "gone", 2.0)
+        limiter = AsyncLimiter(store, clock=ManualClock())
         keys = [f"g{i}" for i in range(30)]
         await asyncio.gather(*(limiter.hit(k, "5/minute") for k in keys))
         on_victim = [
@@ -141,7 +140,7 @@ def test_a_node_that_is_gone_fails_open_for_its_keys_only(
         ]
         victim.kill()
         ds = await asyncio.gather(*(limiter.hit(k, "5/minute") for k in keys))
-        await batcher.aclose()
+        await store.aclose()
         return on_victim, [d.degraded for d in ds]
 
     on_victim, degraded = asyncio.run(go())
@@ -166,6 +165,5 @@ def test_node_urls_keep_scheme_credentials_and_options() -> None:
     [({"max_size": 0}, "max_size=0"), ({"max_wait": 1.0}, "max_wait=1.0")],
 )
 def test_bad_settings_name_the_value(kwargs: dict[str, Any], match: str) -> None:
-    store = RedisClusterStore("redis://127.0.0.1:1", socket_timeout=0.1)
     with pytest.raises(ConfigError, match=match):
-        ClusterBatcher(store, 0.1, **kwargs)
+        RedisClusterStore("redis://127.0.0.1:1", socket_timeout=0.1, batching=Batching(**kwargs))

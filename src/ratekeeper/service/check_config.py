@@ -1,0 +1,78 @@
+"""``ratekeeper check-config``: validate service config files without starting anything.
+
+Reads the files as ``ratekeeper serve --config`` would (ratekeeper's format and
+envoyproxy/ratelimit's, files and directories, merged) and prints every problem, one
+``file:line: problem`` a line, then exits 1; a valid config prints a summary and its
+warnings and exits 0. It does not contact the store. Importing this module imports nothing of
+the server extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+from .cli import missing_extra
+
+_WARNING = re.compile(r"^(.*?:\d+): (.*)$", re.DOTALL)
+
+
+def add_check_config_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``check-config`` to ``parser.add_subparsers()``; it runs ``run_check_config``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "check-config",
+        help="check service config files and report every problem (no store is contacted)",
+        description=(
+            "Check service config files as `ratekeeper serve --config` reads them: "
+            "ratekeeper's format and envoyproxy/ratelimit's, files and directories, merged. "
+            "Every problem is printed as file:line: problem; the exit status is 1 if there "
+            "is any, else 0. The store is not contacted. Token environment variables "
+            "(RATEKEEPER_TOKEN, RATEKEEPER_ADMIN_TOKEN, auth.token_env) are checked as serve "
+            "checks them."
+        ),
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a config file or a directory of them; several are merged as repeated --config",
+    )
+    parser.add_argument(
+        "--config-dotfiles",
+        action="store_true",
+        help="read dot files in config directories too (default: skipped, as serve does)",
+    )
+    parser.set_defaults(func=run_check_config)
+    return parser
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    """Check the files; print problems to stderr (exit 1) or a summary to stdout (exit 0)."""
+    try:
+        from .config import load
+    except ImportError as exc:
+        return missing_extra("check-config", exc)
+    try:
+        config = load(args.paths, dotfiles=args.config_dotfiles)
+    except ConfigError as exc:
+        problems = str(exc).splitlines()
+        for line in problems:
+            print(line, file=sys.stderr)
+        count = len(problems)
+        print(f"{count} problem{'s' if count != 1 else ''}; the config is invalid", file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        match = _WARNING.match(warning)
+        print(f"{match[1]}: warning: {match[2]}" if match else f"warning: {warning}")
+    # an Envoy descriptor's limit is a policy named domain/..., which no policy of ours can be
+    rates = sum(1 for name in config.policies if "/" not in name)
+    print(
+        f"ok: {len(config.files)} file{'s' if len(config.files) != 1 else ''}, "
+        f"{rates} rate and {len(config.concurrency)} concurrency policies, "
+        f"{len(config.domains)} Envoy domain{'s' if len(config.domains) != 1 else ''}, "
+        f"store {config.store.kind}"
+    )
+    return 0
