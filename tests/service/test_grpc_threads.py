@@ -248,11 +248,11 @@ def test_the_grpc_server_by_store_and_grpc_threads(
     path = tmp_path / "ratekeeper.yaml"
     path.write_text(store + CONFIG)
     service = Service(ServeOptions((str(path),), grpc_threads=threads))
-    loop = asyncio.new_event_loop()
-    try:
-        server = service.grpc_server(loop)
-    finally:
-        loop.close()
+
+    async def build() -> Any:  # on a running loop, as ``serve`` builds it
+        return service.grpc_server(asyncio.get_running_loop())
+
+    server = asyncio.run(build())
     assert (server.pool._max_workers if server.pool else None) == pool
     assert isinstance(server.server, grpc.aio.Server) == (pool is None)
     if server.pool is not None:
