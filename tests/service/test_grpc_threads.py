@@ -1,7 +1,8 @@
 """gRPC on the standard ``grpc.server`` (``--grpc-threads``): handler threads decide on the
 memory store while the event loop serves HTTP on the same store, so every count is exact;
 bytes that are not a ``RateLimitRequest`` are refused with ``INVALID_ARGUMENT`` (both servers);
-a reload while handler threads resolve descriptors never leaves a stale resolution cached."""
+a reload while handler threads resolve descriptors never leaves a stale resolution cached; a
+handler thread waits for the event loop at most ``HOP_TIMEOUT``; the server chosen per store."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
+from ratekeeper.service import grpc_rls
 from ratekeeper.service.envoy import Descriptor
-from ratekeeper.service.grpc_rls import SERVICE, ThreadServicer, run_inline
+from ratekeeper.service.grpc_rls import SERVICE, ThreadServicer, on_loop, run_inline
 from ratekeeper.service.server import ServeOptions, Service
 from tests.service.proc import ServiceProcess
 
@@ -257,3 +259,27 @@ def test_the_grpc_server_by_store_and_grpc_threads(
     assert isinstance(server.server, grpc.aio.Server) == (pool is None)
     if server.pool is not None:
         server.pool.shutdown()
+
+
+def test_a_handler_thread_waits_for_the_loop_at_most_the_hop_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loop that does not answer in time turns into ``TimeoutError`` (the servicer answers
+    ``UNAVAILABLE``), and the call is cancelled on the loop."""
+    monkeypatch.setattr(grpc_rls, "HOP_TIMEOUT", 0.05)
+    loop = asyncio.new_event_loop()  # not running yet: nothing it is handed is answered
+    finished: list[bool] = []
+
+    async def decision() -> int:
+        await asyncio.sleep(5)  # a store call that hangs
+        finished.append(True)
+        return 1
+
+    try:
+        with pytest.raises(TimeoutError):
+            on_loop(loop)(decision())
+        loop.run_until_complete(asyncio.sleep(0.05))  # the loop now runs what it was handed
+        assert not asyncio.all_tasks(loop)  # ... and cancelled it
+    finally:
+        loop.close()
+    assert finished == []
