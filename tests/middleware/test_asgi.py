@@ -263,7 +263,7 @@ def test_shadow_mode_counts_without_rejecting_and_switches_at_runtime() -> None:
 def test_modes_from_redis_flags(redis_url: str) -> None:
     flags = redis.Redis.from_url(redis_url)
     clock = ManualClock()
-    controls = Controls(source=redis_flags(flags), refresh_every=5, clock=clock)
+    controls = Controls(source=redis_flags(flags), refresh_every=5, monotonic=clock)
     mw = RateLimitMiddleware(
         make_app(), [RateCheck("api", "1/minute")], controls=controls, clock=clock
     )

@@ -52,7 +52,7 @@ def test_controls_modes_and_precedence() -> None:
         Controls().set("api", "dark")
     flags = {"api": "off"}
     clock = ManualClock()
-    controls = Controls({"api": "shadow"}, default="enforce", source=lambda: flags, clock=clock)
+    controls = Controls({"api": "shadow"}, default="enforce", source=lambda: flags, monotonic=clock)
     assert controls.mode("api") == "off"  # the flag beats the code
     assert controls.mode("other") == "enforce"
     flags.clear()
@@ -71,11 +71,26 @@ def test_a_failing_flag_source_keeps_the_last_flags() -> None:
             raise ConnectionError("redis down")
         return {"api": "off"}
 
-    controls = Controls(source=source, clock=clock)
+    controls = Controls(source=source, monotonic=clock)
     assert controls.mode("api") == "off"
     state["fail"] = True
     clock.advance(60)
     assert controls.mode("api") == "off"
+
+
+def test_flags_refresh_on_the_monotonic_clock_not_the_rate_clock() -> None:
+    """A middleware whose rate clock is set back an hour still polls its flags."""
+    wall, mono = ManualClock(), ManualClock()
+    flags = {"api": "off"}
+    controls = Controls(source=lambda: dict(flags), refresh_every=5, monotonic=mono)
+    gate_app = WSGIRateLimitMiddleware(
+        lambda environ, start: [], [RateCheck("api", "10/second")], clock=wall, controls=controls
+    )
+    assert gate_app.controls.mode("api") == "off"
+    flags["api"] = "shadow"
+    wall.advance(-3600)
+    mono.advance(5)
+    assert gate_app.controls.mode("api") == "shadow"
 
 
 def _public(cls: type) -> dict[str, list[str]]:

@@ -199,7 +199,11 @@ BAD = [
     ("policies:\n  a:\n    rate: 1/s\n  a:\n    rate: 2/s\n", 4, "appears twice"),
     ("policies:\n  'bad name':\n    rate: 1/s\n", 2, "policy name 'bad name'"),
     ("store: memcached://x\n", 1, "store 'memcached://x'"),
-    ("store:\n  url: redis://a/0\n  cluster: redis://b\n", 3, "one of url, shards or cluster"),
+    (
+        "store:\n  url: redis://a/0\n  cluster: redis://b\n",
+        3,
+        "one of url, shards, cluster or sentinel",
+    ),
     ("store:\n  shards: []\n", 2, "store.shards is empty"),
     ("store:\n  shards:\n    - url: http://x\n", 3, "shard url 'http://x'"),
     ("store:\n  url: redis://a/0\n  batch: {max_wait_ms: 500}\n", 3, "max_wait_ms 500"),
@@ -296,3 +300,66 @@ def test_concurrency_policies() -> None:
     assert cfg.concurrency["uploads"] == config.ConcurrencySpec("uploads", 20, 30.0)
     exports = cfg.concurrency["exports"]
     assert exports.capacity == 2 and exports.lease_ttl == 60.0 and exports.shadow
+
+
+SENTINEL = (
+    "sentinel: {service: mymaster, sentinels: [redis://10.0.0.1:26379, redis://10.0.0.2:26379]"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "buckets"),
+    [
+        (f"store:\n  {SENTINEL}}}\n", "sentinel", 0),
+        (
+            f"store:\n  {SENTINEL}, url: 'rediss://rk:pw@/2'}}\n  layout: compact\n",
+            "sentinel",
+            4096,
+        ),
+        (
+            f"store:\n  shards:\n    - {{{SENTINEL}}}, name: a}}\n    - redis://h:1/0\n",
+            "sharded",
+            0,
+        ),
+        ("store:\n  url: redis://h:1/0\n  layout: {buckets: 64}\n", "redis", 64),
+        ("store:\n  cluster: redis://h:1\n  layout: default\n", "cluster", 0),
+    ],
+)
+def test_sentinel_and_layout_settings(text: str, kind: str, buckets: int) -> None:
+    jsonschema.validate(yaml.safe_load(text), SCHEMA)
+    store = config.parse_text(text).store
+    assert (store.kind, store.layout_buckets) == (kind, buckets)
+    sentinel = [s for s in store.shards if s.sentinels]
+    if kind != "redis" and kind != "cluster":
+        (shard,) = sentinel
+        assert shard.service == "mymaster" and len(shard.sentinels) == 2
+        assert shard.url == ("rediss://rk:pw@/2" if buckets else "redis:///0")
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("store:\n  sentinel: {service: m}\n", r":2: store.sentinel.sentinels must be a list"),
+        ("store:\n  sentinel: {service: '', sentinels: [redis://h:1]}\n", r":2: .*service ''"),
+        (
+            "store:\n  sentinel:\n    service: m\n    sentinels: [redis://h:1]\n"
+            "    url: redis://u:hunter2@host:6379/0\n",
+            r":5: store.sentinel: url 'redis://u:\*\*\*@host:6379/0' is invalid; expected .*",
+        ),
+        ("store:\n  sentinel: {service: m, sentinels: [ftp://h]}\n", r":2: .*sentinel url 'ftp"),
+        ("store:\n  url: redis://h:1/0\n  layout: tiny\n", r":3: store layout 'tiny' is unknown"),
+        ("store:\n  url: redis://h:1/0\n  layout: {buckets: 0}\n", r":3: .*buckets=0 is invalid"),
+        (
+            f"store:\n  url: redis://h:1/0\n  {SENTINEL}}}\n",
+            r"one of url, shards, cluster or sentinel",
+        ),
+        (f"store:\n  shards:\n    - {{{SENTINEL}}}, url: redis://h:1}}\n", r"url"),
+        ("store: 'http://u:hunter2@h/0'\n", r"store 'http://u:\*\*\*@h/0' is unknown"),
+    ],
+)
+def test_bad_sentinel_and_layout_settings_are_named(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as caught:
+        config.parse_text(text)
+    assert "hunter2" not in str(caught.value)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(yaml.safe_load(text), SCHEMA)

@@ -200,3 +200,36 @@ def test_concurrency_fails_open_when_redis_dies(tmp_path: Path, fresh_redis: rs.
             assert 'outcome="degraded",policy="slots"} 8.0' in http.get("/metrics").text
     finally:
         proc.stop()
+
+
+def test_sentinel_store_with_the_compact_layout_follows_a_failover(
+    tmp_path: Path, sentinel_group: rs.SentinelGroup
+) -> None:
+    sentinels = ", ".join(sentinel_group.urls)
+    store = (
+        "store:\n  socket_timeout: 5\n  layout: {buckets: 64}\n"
+        f"  sentinel:\n    service: {sentinel_group.service}\n    sentinels: [{sentinels}]\n"
+    )
+    proc = ServiceProcess(write(tmp_path, store), grpc=False)
+    try:
+        with httpx.Client(base_url=proc.url, timeout=10) as http:
+            for i in range(4):
+                body = {"policy": "three", "key": f"s{i}"}
+                got = [http.post("/v1/hit", json=body).json() for _ in range(4)]
+                assert not any(g["degraded"] for g in got)
+                assert [g["allowed"] for g in got] == [True, True, True, False]
+            primary = sentinel_group.primary()
+            keys = [k.decode() for k in primary.client().keys("rk*")]
+            assert keys and all(k.startswith("rk{#:") for k in keys)  # packed into hashes
+            assert {primary.client().type(k) for k in keys} == {b"hash"}
+            old = primary.port
+            primary.kill()
+            sentinel_group.wait_promoted(old)
+            deadline = time.monotonic() + 60
+            answer: dict[str, object] = {"degraded": True}
+            while answer["degraded"] and time.monotonic() < deadline:
+                answer = http.post("/v1/hit", json={"policy": "three", "key": "after"}).json()
+                time.sleep(0.2)
+            assert answer == answer | {"degraded": False, "allowed": True}
+    finally:
+        proc.stop()

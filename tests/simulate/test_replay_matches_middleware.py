@@ -48,9 +48,7 @@ def enforce(lines: list[Line], checks: list[Any], mode: str) -> tuple[Counter[st
         start_response(f"{status['code']} X", [])
         return [b""]
 
-    mw = WSGIRateLimitMiddleware(
-        app, checks, clock=clock, controls=Controls(default=mode, clock=clock)
-    )
+    mw = WSGIRateLimitMiddleware(app, checks, clock=clock, controls=Controls(default=mode))
     per_check: Counter[str] = Counter()
     per_key: Counter[str] = Counter()
     for line in lines:

@@ -135,7 +135,7 @@ class Limits:
         self.key = key_function(config.get("KEY"))
         self.on_breach = _function(config.get("ON_BREACH"), "ON_BREACH") or rejection_response
         charge_when: ChargeWhen | None = _function(config.get("CHARGE_WHEN"), "CHARGE_WHEN")
-        controls = Controls(default=found.mode, clock=self.clock)
+        controls = Controls(default=found.mode)
         self.gate = Gate(
             config.get("CHECKS", ()),
             controls,

@@ -71,7 +71,7 @@ class Shell:
         self._algorithm = algorithm
         self._trusted_proxies = None if trusted_proxies is None else tuple(trusted_proxies)
         self._own_controls = controls is not None
-        self.controls = Controls(clock=clock) if controls is None else controls
+        self.controls = Controls() if controls is None else controls
         self._middleware_options: dict[str, Any] = {
             "checks": list(checks),
             "store": store,

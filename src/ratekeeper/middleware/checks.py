@@ -261,8 +261,9 @@ class Controls:
     """Kill switches, shadow mode and counters per check, for the app to hold and flip.
 
     Precedence: a flag from ``source`` (per check, then ``*``) beats a mode set here, which
-    beats ``default``. The source is polled at most every ``refresh_every`` seconds; when it
-    fails, the last flags read stay in force and the failure is logged once per interval.
+    beats ``default``. The source is polled at most every ``refresh_every`` seconds of the
+    ``monotonic`` clock (not the rate clock: a wall clock set back must not stop the polling);
+    when it fails, the last flags read stay in force and the failure is logged once a minute.
     """
 
     def __init__(
@@ -272,7 +273,7 @@ class Controls:
         default: str = "enforce",
         source: Callable[[], Mapping[str, str]] | None = None,
         refresh_every: float = 5.0,
-        clock: Clock = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.default = check_mode(default, "default mode")
         self._modes = {
@@ -283,7 +284,7 @@ class Controls:
         self._refresh_every = refresh_every
         self._next_refresh = -1e18
         self._last_log = -1e18
-        self.clock = clock
+        self.monotonic = monotonic
         self._lock = threading.Lock()
         self._counts: dict[str, dict[str, int]] = {}
 
@@ -310,7 +311,7 @@ class Controls:
     def mode(self, check: str) -> str:
         """The mode in force for ``check`` now."""
         if self._source is not None:
-            now = self.clock()
+            now = self.monotonic()
             if now >= self._next_refresh:
                 self._refresh(now)
             flags = self._flags

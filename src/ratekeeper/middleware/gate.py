@@ -196,7 +196,7 @@ class Gate:
             raise ConfigError(f"check names {dupes} are used twice; each check needs its own")
         self.checks: list[Check] = []
         """Every check by position; grows (``add``), so executors look positions up here."""
-        self.controls = Controls(clock=clock) if controls is None else controls
+        self.controls = Controls() if controls is None else controls
         self.exempt = PathMatcher(exempt)
         self._exempting = bool(self.exempt)
         self.priority = priorities() if priority is None else priority

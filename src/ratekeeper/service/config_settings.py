@@ -10,6 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import ConfigError
+from ..stores.layout import CompactLayout
+from ..stores.sentinel import SentinelShard
+from ..stores.urls import redact
 from .yaml_lines import Map, Problem, Problems, need_bool, need_int, need_map, need_seq, no_unknown
 
 
@@ -24,16 +28,22 @@ class AuthSettings:
 
 @dataclass(frozen=True, slots=True)
 class ShardSettings:
-    """One shard of a sharded store: a primary URL, replica URLs and an optional name."""
+    """One shard of a sharded store: a primary URL, replica URLs and an optional name; or,
+    with ``sentinels``, the primary Sentinel names ``service`` (``url``: the Redis servers'
+    credentials and database, no host)."""
 
     url: str
     replicas: tuple[str, ...] = ()
     name: str = ""
+    service: str = ""
+    sentinels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
-    """Which store runs the plans: ``memory``, ``redis`` (one URL), ``sharded`` or ``cluster``."""
+    """Which store runs the plans: ``memory``, ``redis`` (one URL), ``sharded``, ``sentinel``
+    (one ``shards`` entry, found through Sentinel) or ``cluster``; ``layout_buckets`` > 0 asks
+    for the compact key layout."""
 
     kind: str = "memory"
     url: str = ""
@@ -44,6 +54,7 @@ class StoreSettings:
     batch: bool = True
     batch_max_size: int = 128
     batch_max_wait_ms: float = 1.0
+    layout_buckets: int = 0
 
 
 _URL = ("redis://", "rediss://", "unix://")
@@ -56,7 +67,8 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
         value.line, value.lines = line, {"url": line}
     body = need_map(value, line, "store")
     guard = problems.guard
-    allowed = {"url", "shards", "cluster", "max_keys", "prefix", "socket_timeout", "batch"}
+    allowed = {"url", "shards", "cluster", "sentinel", "max_keys", "prefix", "socket_timeout"}
+    allowed |= {"batch", "layout"}
     with guard():
         no_unknown(body, allowed, "store")
     at = body.lines.get
@@ -86,9 +98,14 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
     with guard():
         batch, size, wait = _batch(body.get("batch", True), at("batch", line))
         common = replace(common, batch=batch, batch_max_size=size, batch_max_wait_ms=wait)
-    where = [k for k in ("url", "shards", "cluster") if k in body]
+    with guard():
+        common = replace(common, layout_buckets=_layout(body.get("layout"), at("layout", line)))
+    where = [k for k in ("url", "shards", "cluster", "sentinel") if k in body]
     if len(where) > 1:
-        raise Problem(body.lines[where[1]], "store takes one of url, shards or cluster")
+        raise Problem(body.lines[where[1]], "store takes one of url, shards, cluster or sentinel")
+    if "sentinel" in body:
+        shard = _sentinel(body["sentinel"], body.lines["sentinel"], "store.sentinel", "")
+        return replace(common, kind="sentinel", shards=(shard,))
     if "shards" in body:
         shards = need_seq(body["shards"], body.lines["shards"], "store.shards")
         if not shards:
@@ -104,8 +121,51 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
     if url == "memory":
         return common
     if not isinstance(url, str) or not url.startswith(_URL):
-        raise Problem(url_line, f"store {url!r} is unknown; expected 'memory' or a redis:// URL")
+        raise Problem(
+            url_line, f"store {redact(url)!r} is unknown; expected 'memory' or a redis:// URL"
+        )
     return replace(common, kind=kind, url=url)
+
+
+def _layout(value: Any, line: int) -> int:
+    """``layout:``: ``default`` (one Redis key per state: 0), ``compact`` (4096 buckets) or
+    ``{buckets: N}`` (compact, N buckets)."""
+    if value is None or value == "default":
+        return 0
+    if value == "compact":
+        return CompactLayout().buckets
+    if isinstance(value, Mapping):
+        body = need_map(value, line, "store.layout")
+        no_unknown(body, {"buckets"}, "store.layout")
+        buckets = body.get("buckets", CompactLayout().buckets)
+        try:
+            return CompactLayout(buckets).buckets
+        except ConfigError as e:
+            raise Problem(body.lines.get("buckets", line), str(e)) from None
+    raise Problem(
+        line, f"store layout {value!r} is unknown; expected default, compact or {{buckets: N}}"
+    )
+
+
+def _sentinel(value: Any, line: int, what: str, name: str) -> ShardSettings:
+    """A ``sentinel:`` mapping: ``service``, ``sentinels`` and optionally ``url``."""
+    body = need_map(value, line, what)
+    no_unknown(body, {"service", "sentinels", "url"}, what)
+    sentinels = body.get("sentinels")
+    if not isinstance(sentinels, list):
+        raise Problem(
+            body.lines.get("sentinels", line),
+            f"{what}.sentinels must be a list of Sentinel URLs like redis://10.0.0.1:26379",
+        )
+    service: Any = body.get("service")
+    url: Any = body.get("url", "redis:///0")
+    try:
+        shard = SentinelShard(service, sentinels, url, name)
+    except ConfigError as e:
+        first = str(e).split(" ", 1)[0]  # the value the message names
+        key = {"service": "service", "url": "url"}.get(first, "sentinels")
+        raise Problem(body.lines.get(key, line), f"{what}: {e}") from None
+    return ShardSettings(shard.url, (), name, shard.service, tuple(shard.sentinels))
 
 
 def _batch(value: Any, line: int) -> tuple[bool, int, float]:
@@ -127,18 +187,23 @@ def _shard(value: Any, line: int) -> ShardSettings:
         value = Map({"url": value})
         value.line, value.lines = line, {"url": line}
     body = need_map(value, line, "a shard")
-    no_unknown(body, {"url", "replicas", "name"}, "a shard")
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise Problem(body.lines.get("name", line), f"shard name {name!r} must be a string")
+    if "sentinel" in body:
+        no_unknown(body, {"sentinel", "name"}, "a Sentinel shard")
+        return _sentinel(body["sentinel"], body.lines["sentinel"], "a shard's sentinel", name)
+    no_unknown(body, {"url", "replicas", "name", "sentinel"}, "a shard")
     url = body.get("url")
     if not isinstance(url, str) or not url.startswith(_URL):
-        raise Problem(body.lines.get("url", line), f"shard url {url!r} must be a redis:// URL")
+        raise Problem(
+            body.lines.get("url", line), f"shard url {redact(url)!r} must be a redis:// URL"
+        )
     replicas = body.get("replicas", [])
     if not isinstance(replicas, list) or not all(
         isinstance(r, str) and r.startswith(_URL) for r in replicas
     ):
         raise Problem(body.lines.get("replicas", line), "replicas must be a list of redis:// URLs")
-    name = body.get("name", "")
-    if not isinstance(name, str):
-        raise Problem(body.lines.get("name", line), f"shard name {name!r} must be a string")
     return ShardSettings(url, tuple(replicas), name)
 
 

@@ -44,10 +44,12 @@ from ..limiter import AsyncLimiter
 from ..stores.base import AsyncPingable, AsyncStore, LocalStore
 from ..stores.batching import Batching
 from ..stores.cluster import RedisClusterStore
+from ..stores.layout import CompactLayout
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
-from ..stores.sharded import Shard, ShardedRedisStore
+from ..stores.sentinel import SentinelShard
+from ..stores.sharded import SentinelStore, Shard, ShardedRedisStore
 from . import config as config_mod
 from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
@@ -146,13 +148,31 @@ def build_store(
     )
     store: RedisStore | ShardedRedisStore | RedisClusterStore
     prefix, timeout = s.prefix, s.socket_timeout
+    layout = CompactLayout(s.layout_buckets) if s.layout_buckets else None
     if s.kind == "redis":
-        store = RedisStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+        store = RedisStore(
+            s.url, prefix=prefix, socket_timeout=timeout, batching=batching, layout=layout
+        )
     elif s.kind == "sharded":
-        shards = [Shard(x.url, x.replicas, x.name) for x in s.shards]
-        store = ShardedRedisStore(shards, prefix=prefix, socket_timeout=timeout, batching=batching)
+        shards = [
+            SentinelShard(x.service, x.sentinels, x.url, x.name)
+            if x.sentinels
+            else Shard(x.url, x.replicas, x.name)
+            for x in s.shards
+        ]
+        store = ShardedRedisStore(
+            shards, prefix=prefix, socket_timeout=timeout, batching=batching, layout=layout
+        )
+    elif s.kind == "sentinel":
+        (x,) = s.shards
+        store = SentinelStore(
+            x.service, x.sentinels, url=x.url, prefix=prefix, socket_timeout=timeout,
+            batching=batching, layout=layout,
+        )  # fmt: skip
     elif s.kind == "cluster":
-        store = RedisClusterStore(s.url, prefix=prefix, socket_timeout=timeout, batching=batching)
+        store = RedisClusterStore(
+            s.url, prefix=prefix, socket_timeout=timeout, batching=batching, layout=layout
+        )
     else:
         raise ConfigError(f"store kind {s.kind!r} is unknown")
     if s.batch:

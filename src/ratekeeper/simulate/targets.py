@@ -94,7 +94,7 @@ class ChecksTarget:
         self.recorder = Recorder(self.limits, clock)
         self.middleware = WSGIRateLimitMiddleware(
             _no_app, self.rate_checks, store=MemoryStore(max_keys=UNBOUNDED), clock=clock,
-            controls=Controls(default=mode, clock=clock), metrics=self.recorder,
+            controls=Controls(default=mode), metrics=self.recorder,
         )  # fmt: skip
         self._demand = [(c, self.limits[c.name]) for c in self.rate_checks]
 
