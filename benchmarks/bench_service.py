@@ -5,9 +5,15 @@ Servers, all started at once and loaded one at a time:
 - ``ceiling``: ``benchmarks/empty_service.py``: an empty ``grpc.aio`` ``ShouldRateLimit``
   handler returning a fixed response, and an empty route returning a fixed JSON decision,
   served with the service's own settings (uvicorn config, gRPC options, uvloop);
-- ``memory``: ``ratekeeper serve`` on the memory store;
-- ``redis``: ``ratekeeper serve`` on a private ``redis-server``, batched;
-- ``redis x2``: the same with ``--workers 2``.
+- ``ceil sync`` (gRPC only): the same empty handler on the standard ``grpc.server`` with
+  2 handler threads, the server ``ratekeeper serve`` runs on the memory store by default;
+- ``memory``: ``ratekeeper serve`` on the memory store (gRPC: 2 handler threads decide);
+- ``memory aio`` (gRPC only): the same with ``--grpc-threads 0`` (gRPC on ``grpc.aio``);
+- ``redis``: ``ratekeeper serve`` on a private ``redis-server``, batched (gRPC on
+  ``grpc.aio``, the default on Redis);
+- ``redis thr`` (gRPC only): the same with ``--grpc-threads 2`` (handler threads that hand
+  each call to the event loop);
+- ``redis x2``: ``redis`` with ``--workers 2``.
 
 Load comes from ``h2load`` (Debian: ``apt-get install nghttp2-client``), a C client that
 speaks both protocols: ``POST /v1/hit`` over HTTP/1.1 (``--h1``, ``--clients`` keep-alive
@@ -20,6 +26,7 @@ the load: every answer is "allowed".
    decisions/s, service CPU µs per decision (all its processes, from ``/proc``), and the
    median of the per-round ratios to the ceiling (and Redis to memory; 2 workers to 1).
    "decisions per core" is decisions per CPU second of the service's processes.
+   ``--api gRPC`` (or ``HTTP``) runs one protocol only.
 2. Latency (open loop): ``h2load --rps`` at 25, 50 and 75 % of each row's measured maximum
    (the ceiling's too, for the stack's own latency): 4 HTTP/1.1 connections, or one HTTP/2
    connection for gRPC (as Envoy multiplexes its calls), each sending its share at a fixed
@@ -74,8 +81,11 @@ def cpu_seconds(pid: int) -> float:
 class Server:
     """A server process (``ratekeeper serve`` or the empty one) and its worker processes."""
 
-    def __init__(self, name: str, args: list[str], workdir: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], workdir: Path, apis: tuple[str, ...] = ("gRPC", "HTTP")
+    ) -> None:
         self.name = name
+        self.apis = apis
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=workdir)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -210,8 +220,15 @@ OPEN_LOOP_HTTP = 4
 """Connections of an open-loop HTTP run. h2load fires every connection's rate timer at the
 same moment, so N connections send bursts of N requests: many connections at a low rate each
 measure the bursts, not the service."""
-BASES = {"memory": ("ceiling",), "redis": ("ceiling", "memory"), "redis x2": ("ceiling", "redis")}
-"""What each row is divided by (per round, then the median)."""
+BASES = {
+    "memory": ("ceiling", "ceil sync"),
+    "memory aio": ("ceiling", "memory"),
+    "redis": ("ceiling", "memory"),
+    "redis thr": ("ceil sync", "redis"),
+    "redis x2": ("ceiling", "redis"),
+}
+"""What each row is divided by (per round, then the median; a base not run on an API is
+left out)."""
 
 
 def grpc_request() -> bytes:
@@ -231,6 +248,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per h2load run")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop concurrency")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--api", choices=("gRPC", "HTTP"), help="one protocol only")
     args = parser.parse_args()
     if shutil.which("h2load") is None:
         raise SystemExit("h2load is not installed (Debian: apt-get install nghttp2-client)")
@@ -252,14 +270,24 @@ def main() -> None:
         (work / f"{name}.yaml").write_text(store + CONFIG)
     servers: list[Server] = []
     try:
-        servers.append(Server("ceiling", [sys.executable, str(HERE / "empty_service.py")], work))
+        empty = [sys.executable, str(HERE / "empty_service.py")]
+        aio = ["--grpc-threads", "0"]
+        only = ("gRPC",)
+        servers.append(Server("ceiling", empty, work))
+        servers.append(Server("ceil sync", [*empty, "--grpc-threads", "2"], work, only))
         servers.append(Server("memory", [*serve, "--config", "memory.yaml"], work))
+        servers.append(Server("memory aio", [*serve, "--config", "memory.yaml", *aio], work, only))
         servers.append(Server("redis", [*serve, "--config", "redis.yaml"], work))
+        threads = ["--grpc-threads", "2"]
+        servers.append(
+            Server("redis thr", [*serve, "--config", "redis.yaml", *threads], work, only)
+        )
         servers.append(
             Server("redis x2", [*serve, "--config", "redis.yaml", "--workers", "2"], work)
         )
-        for server in servers[1:]:
-            check_answers(server)
+        for server in servers:
+            if not server.name.startswith("ceil"):
+                check_answers(server)
         maxima = throughput(servers, data, args)
         if not args.skip_latency:
             latency(servers, data, args, maxima)
@@ -276,25 +304,26 @@ def throughput(
 ) -> dict[tuple[str, str], float]:
     """Closed-loop rounds, interleaved; prints the table and returns the median maxima."""
     maxima: dict[tuple[str, str], float] = {}
-    for api in ("gRPC", "HTTP"):
-        runs: dict[str, list[Load]] = {s.name: [] for s in servers}
+    for api in (args.api,) if args.api else ("gRPC", "HTTP"):
+        loaded = [s for s in servers if api in s.apis]
+        runs: dict[str, list[Load]] = {s.name: [] for s in loaded}
         for _ in range(args.rounds):
-            for server in servers:
+            for server in loaded:
                 runs[server.name].append(h2load(server, api, data[api], args.seconds, args.clients))
         print(f"\n{api}: decisions/s (median of {args.rounds}) | ratio (median of per-round "
               "ratios) | service CPU us/decision | decisions per core", flush=True)  # fmt: skip
-        for server in servers:
+        for server in loaded:
             loads = runs[server.name]
             rate = statistics.median(x.rate for x in loads)
             maxima[(api, server.name)] = rate
             cpu = sum(x.cpu for x in loads)
             done = sum(x.done for x in loads)
             ratios = []
-            for base in BASES.get(server.name, ()):
+            for base in [b for b in BASES.get(server.name, ()) if b in runs]:
                 per = [a.rate / b.rate for a, b in zip(loads, runs[base], strict=True)]
                 ratios.append(f"{statistics.median(per):.2f} of {base}")
             print(
-                f"  {server.name:<9} {rate:>8,.0f}/s  {', '.join(ratios) or '':<40}"
+                f"  {server.name:<10} {rate:>8,.0f}/s  {', '.join(ratios) or '':<58}"
                 f"  CPU {cpu / done * 1e6:6.1f} us  {done / cpu if cpu else 0:8,.0f}/core",
                 flush=True,
             )
@@ -309,9 +338,9 @@ def latency(
 ) -> None:
     """Open-loop runs at fixed fractions of each row's measured maximum."""
     print("\nLatency at a fixed rate (open loop): ms p50 / p99 / p99.9", flush=True)
-    for api in ("gRPC", "HTTP"):
+    for api in (args.api,) if args.api else ("gRPC", "HTTP"):
         for server in servers:
-            if server.name not in ("ceiling", "memory", "redis"):
+            if (api, server.name) not in maxima or server.name == "redis x2":
                 continue
             cells = []
             for share in (0.25, 0.5, 0.75):
@@ -322,7 +351,7 @@ def latency(
                     f"{share:.0%} ({rps:,.0f}/s): {pct(lat, 0.5):.2f} / {pct(lat, 0.99):.2f} / "
                     f"{pct(lat, 0.999):.2f}"
                 )
-            print(f"  {api:<4} {server.name:<7} " + "   ".join(cells), flush=True)
+            print(f"  {api:<4} {server.name:<10} " + "   ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

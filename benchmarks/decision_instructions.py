@@ -43,20 +43,25 @@ async def drive(path: str, calls: int, config: Path) -> None:
     from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
     from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
-    from ratekeeper.service.grpc_rls import RateLimitServicer
     from ratekeeper.service.server import ServeOptions, Service
 
     service = Service(ServeOptions((str(config),)))
-    if path == "grpc":
-        servicer = RateLimitServicer(service.envoy)
+    if path.startswith("grpc"):
+        from ratekeeper.service.grpc_rls import RateLimitServicer, ThreadServicer, run_inline
+
         entry = common_pb.RateLimitDescriptor.Entry(key="user", value="42")
         raw = pb.RateLimitRequest(
             domain="bench", descriptors=[common_pb.RateLimitDescriptor(entries=[entry])]
         ).SerializeToString()
-        context: Any = None  # no auth configured: the servicer never reads it
-        for _ in range(calls):
-            reply = await servicer.should_rate_limit(pb.RateLimitRequest.FromString(raw), context)
-            reply.SerializeToString()
+        context: Any = None  # no auth configured: the servicers never read it
+        if path == "grpc-aio":
+            servicer = RateLimitServicer(service.envoy)
+            for _ in range(calls):
+                await servicer.should_rate_limit(bytes(raw), context)
+            return
+        threads = ThreadServicer(service.envoy, run_inline)
+        for _ in range(calls):  # what a handler thread does on the memory store
+            threads.should_rate_limit(bytes(raw), context)
         return
     body = b'{"policy":"bench","key":"user:42"}'
     scope = {
@@ -154,6 +159,9 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=1000)
     parser.add_argument("--many", type=int, default=4000)
     parser.add_argument("--ceilings", action="store_true", help="count the empty servers too")
+    parser.add_argument(
+        "--paths", default="http,grpc,grpc-aio", help="of http, grpc (a handler thread's), grpc-aio"
+    )
     args = parser.parse_args()
     if args.run:
         run(args.run[0], int(args.run[1]))
@@ -165,7 +173,7 @@ def main() -> None:
         for api in ("http", "grpc"):
             per = (ceiling(args.many, api) - idle) / args.many
             print(f"{api} ceiling: {per:,.0f} instructions per request (empty_service.py)")
-    for path in ("http", "grpc"):
+    for path in args.paths.split(","):
         extra = count(path, args.many) - count(path, args.few)
         per = extra / (args.many - args.few)
         print(f"{path}: {per:,.0f} instructions per decision (memory store, in process)")

@@ -1,17 +1,20 @@
 """The ceilings of the service's stacks: the same servers with handlers that do nothing.
 
-An empty ``grpc.aio`` unary ``ShouldRateLimit`` handler returning a fixed response, and an
-empty ASGI route returning a fixed JSON decision, served exactly as ``ratekeeper serve``
-serves (``server.uvicorn_config`` and ``server.grpc_options``, one uvloop event loop for
-both). ``bench_service.py`` runs it beside the service and divides.
+An empty unary ``ShouldRateLimit`` handler returning a fixed response, and an empty ASGI
+route returning a fixed JSON decision, served exactly as ``ratekeeper serve`` serves
+(``server.uvicorn_config`` and ``server.grpc_options``, one uvloop event loop for HTTP).
+The gRPC handler runs on ``grpc.aio`` (``--grpc-threads 0``, the default here) or on the
+standard ``grpc.server`` with that many handler threads (what ``ratekeeper serve`` runs by
+default). ``bench_service.py`` runs both beside the service and divides.
 
-    python benchmarks/empty_service.py --port 0 --grpc-port 0
+    python benchmarks/empty_service.py --port 0 --grpc-port 0 --grpc-threads 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -44,11 +47,21 @@ async def should_rate_limit(request: Any, context: Any) -> Any:
     return RESPONSE
 
 
+def should_rate_limit_sync(request: Any, context: Any) -> Any:
+    return RESPONSE
+
+
 async def main(options: ServeOptions) -> None:
     sock = _listen(options.host, options.port)
-    server = grpc.aio.server(options=grpc_options(False))
+    threads = options.grpc_threads
+    pool = ThreadPoolExecutor(threads) if threads else None
+    server: Any
+    if pool is None:
+        server = grpc.aio.server(options=grpc_options(False))
+    else:
+        server = grpc.server(pool, options=grpc_options(False))
     method = grpc.unary_unary_rpc_method_handler(
-        should_rate_limit,
+        should_rate_limit if pool is None else should_rate_limit_sync,
         request_deserializer=pb.RateLimitRequest.FromString,
         response_serializer=pb.RateLimitResponse.SerializeToString,
     )
@@ -56,7 +69,10 @@ async def main(options: ServeOptions) -> None:
         (grpc.method_handlers_generic_handler(SERVICE, {"ShouldRateLimit": method}),)
     )
     grpc_port = server.add_insecure_port(f"{options.host}:{options.grpc_port}")
-    await server.start()
+    if pool is None:
+        await server.start()
+    else:
+        server.start()
     http = uvicorn.Server(make_config(app, options))
     task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started and not task.done():
@@ -66,7 +82,11 @@ async def main(options: ServeOptions) -> None:
     try:
         await task
     finally:
-        await server.stop(grace=1.0)
+        if pool is None:
+            await server.stop(grace=1.0)
+        else:
+            server.stop(1.0).wait()
+            pool.shutdown(wait=False)
 
 
 if __name__ == "__main__":
@@ -74,7 +94,10 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument(
+        "--grpc-threads", type=int, default=0, help="0: grpc.aio; N: grpc.server, N threads"
+    )
     args = parser.parse_args()
-    opts = ServeOptions((), args.host, args.port, args.grpc_port)
+    opts = ServeOptions((), args.host, args.port, args.grpc_port, grpc_threads=args.grpc_threads)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main(opts))

@@ -27,6 +27,19 @@ def test_defaults_and_options() -> None:
     assert args.config == ["a.yaml", "b.yaml"] and args.port == 0 and args.no_grpc
 
 
+def test_grpc_threads() -> None:
+    assert parse().grpc_threads is None  # the server chooses by store
+    assert parse("--grpc-threads", "0").grpc_threads == 0
+    assert parse("--grpc-threads", "8").grpc_threads == 8
+
+
+@pytest.mark.parametrize("threads", ["-1", "257", "two"])
+def test_bad_grpc_threads_are_refused(threads: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--grpc-threads", threads)
+    assert f"threads {threads!r} is invalid; expected 0 to 256" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("port", ["-1", "65536", "http"])
 def test_bad_port_is_refused(port: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -81,6 +81,14 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "--no-grpc", action="store_true", help="do not listen for gRPC (default: listen)"
     )
     parser.add_argument(
+        "--grpc-threads",
+        type=_threads,
+        default=None,
+        metavar="N",
+        help="gRPC handler threads (default: 2 on the memory store; 0, the default on Redis: "
+        "grpc.aio on the event loop)",
+    )
+    parser.add_argument(
         "--store-wait",
         type=_seconds,
         default=5.0,
@@ -141,6 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
         start_degraded=args.start_degraded,
         header_timeout=args.header_timeout,
         max_connections=args.max_connections,
+        grpc_threads=args.grpc_threads,
         dotfiles=args.config_dotfiles,
         watch_interval=args.watch_interval,
         worker=args.worker_index,
@@ -168,6 +177,12 @@ def _workers(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"workers {text!r} is invalid; expected a whole number >= 1 or auto"
         )
+    return int(text)
+
+
+def _threads(text: str) -> int:
+    if not text.isdigit() or int(text) > 256:
+        raise argparse.ArgumentTypeError(f"threads {text!r} is invalid; expected 0 to 256")
     return int(text)
 
 

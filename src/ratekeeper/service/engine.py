@@ -29,6 +29,7 @@ import base64
 import binascii
 import json
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -82,11 +83,13 @@ class LeaseResult:
 
 
 class OverLimitCache:
-    """Rejected (policy, key) pairs and when the store said they could next succeed."""
+    """Rejected (policy, key) pairs and when the store said they could next succeed. Safe
+    from many threads: reads are single dict operations, writes take a lock."""
 
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
         self._entries: dict[tuple[str, str], tuple[int, int, Decision]] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -98,7 +101,7 @@ class OverLimitCache:
             return None
         until_ms, min_cost, decision = entry
         if now_ms >= until_ms:
-            del self._entries[(name, key)]
+            self._entries.pop((name, key), None)
             return None
         if cost < min_cost:
             return None
@@ -113,12 +116,14 @@ class OverLimitCache:
             return
         until_ms = round((decision.now + decision.retry_after) * 1000)
         entries = self._entries
-        if len(entries) >= self.max_entries:
-            now_ms = round(decision.now * 1000)
-            stale = [k for k, v in list(entries.items())[:64] if v[0] <= now_ms]
-            for k in stale or [next(iter(entries))]:
-                del entries[k]
-        entries[(name, key)] = (until_ms, cost, decision)
+        with self._lock:
+            if len(entries) >= self.max_entries:
+                now_ms = round(decision.now * 1000)
+                first = list(entries.items())[:64]
+                stale = [k for k, v in first if v[0] <= now_ms]
+                for k in stale or [k for k, _ in first[:1]]:
+                    entries.pop(k, None)
+            entries[(name, key)] = (until_ms, cost, decision)
 
     def forget(self, name: str, key: str) -> None:
         self._entries.pop((name, key), None)
@@ -333,29 +338,44 @@ class Engine:
         """``hit`` or ``peek`` ``cost`` units on the store key ``stored``; the over-limit cache
         and the metrics know it as (policy, ``key``). Shadow, kill switch and Envoy's
         ``requests_per_unit: 0`` apply here."""
-        metrics = self.metrics
-        label = spec.label or spec.name
+        result = self.decide_now(op, spec, key, cost, stored)
+        if result is None:
+            result = await self.ask(op, spec, key, cost, stored)
+        return result
+
+    def decide_now(
+        self, op: str, spec: PolicySpec, key: str, cost: int, stored: str
+    ) -> Result | None:
+        """``decide`` when no store I/O is needed (a disabled or blocking policy, the
+        over-limit cache, an in-process store's hit), else None having done nothing: then
+        ``ask`` the store. Safe from any thread (the locks are the store's and the cache's)."""
         if not spec.enabled or spec.block:
-            if spec.block and op == "peek" and cost == 0:  # 0 hits of a limit of 0: within it
-                decision = replace(_fixed(spec, self.clock(), allowed=True), remaining=0)
-                metrics.decision(label, "allowed")
-                return Result(decision, spec.name)
-            decision = _fixed(spec, self.clock(), allowed=not spec.block)
-            metrics.decision(label, "disabled" if not spec.block else "rejected")
-            return Result(decision, spec.name)
-        cached = None
+            return self._fixed(op, spec, cost)
         if self.cache._entries and self.config.local_cache:  # a dict: empty is the usual case
             cached = self.cache.get(spec.name, key, cost, int(self.clock() * 1000))
-        if cached is not None:
-            metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected", key)
-            if spec.shadow:
-                return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
-            return Result(cached, spec.name, local=True)
+            if cached is not None:
+                return self._cached(spec, key, cached)
+        if op == "hit":
+            local = self.limiter.decide_local("hit", stored, spec.policy, cost)
+            if local is not None:
+                if local.allowed and not local.degraded:  # the common answer
+                    self.metrics.decision(spec.label or spec.name, "allowed")
+                    return _result((local, spec.name, False, False))
+                return self.settle(spec, key, cost, local)
+        return None
+
+    async def ask(self, op: str, spec: PolicySpec, key: str, cost: int, stored: str) -> Result:
+        """The store's answer to what ``decide_now`` could not decide."""
         kind: Op = "hit" if op == "hit" else "peek"
-        local = self.limiter.decide_local(kind, stored, spec.policy, cost)
-        decision = (
-            await self.limiter.decide(kind, stored, spec.policy, cost) if local is None else local
+        return self.settle(
+            spec, key, cost, await self.limiter.decide(kind, stored, spec.policy, cost)
         )
+
+    def settle(self, spec: PolicySpec, key: str, cost: int, decision: Decision) -> Result:
+        """The store's decision as the service reports it: counted, a rejection remembered
+        by the over-limit cache, shadow applied."""
+        metrics = self.metrics
+        label = spec.label or spec.name
         if decision.allowed and not decision.degraded:  # the common answer
             metrics.decision(label, "allowed")
             return _result((decision, spec.name, False, False))
@@ -369,6 +389,25 @@ class Engine:
             return Result(replace(decision, allowed=True, retry_after=0.0), spec.name, True)
         metrics.decision(label, "rejected", key)
         return Result(decision, spec.name)
+
+    def _fixed(self, op: str, spec: PolicySpec, cost: int) -> Result:
+        """A disabled (kill switch) or blocking (Envoy's ``requests_per_unit: 0``) policy."""
+        label = spec.label or spec.name
+        if spec.block and op == "peek" and cost == 0:  # 0 hits of a limit of 0: within it
+            decision = replace(_fixed(spec, self.clock(), allowed=True), remaining=0)
+            self.metrics.decision(label, "allowed")
+            return Result(decision, spec.name)
+        decision = _fixed(spec, self.clock(), allowed=not spec.block)
+        self.metrics.decision(label, "disabled" if not spec.block else "rejected")
+        return Result(decision, spec.name)
+
+    def _cached(self, spec: PolicySpec, key: str, cached: Decision) -> Result:
+        """A rejection answered by the over-limit cache."""
+        label = spec.label or spec.name
+        self.metrics.decision(label, "shadow_rejected" if spec.shadow else "local_rejected", key)
+        if spec.shadow:
+            return Result(replace(cached, allowed=True, retry_after=0.0), spec.name, True, True)
+        return Result(cached, spec.name, local=True)
 
 
 def _fixed(spec: PolicySpec, now: float, allowed: bool) -> Decision:

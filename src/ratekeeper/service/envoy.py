@@ -33,14 +33,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import BadRequest
 from ..plan import make_policy
 from ..rates import Rate
 from .engine import Engine, Result, envoy_key, store_key
-from .envoy_config import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode
+from .envoy_config import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode, EnvoySettings
 from .envoy_match import Entries, find, override_stats_key
 from .metrics import EnvoyStats
 from .policies import PolicySpec
@@ -74,9 +73,9 @@ class Status(NamedTuple):
     result: Result | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The whole reply: overall code, statuses in request order, headers, metadata."""
+class Answer(NamedTuple):
+    """The whole reply: overall code, statuses in request order, headers, metadata (a named
+    tuple: one is made per request)."""
 
     over: bool
     statuses: list[Status]
@@ -97,6 +96,9 @@ class _Item(NamedTuple):
     dynamic: bool
 
 
+_Resolution = tuple[list[_Item], list[bool]]
+"""The limits to decide and which descriptors are unlimited (``Envoy._resolve``)."""
+
 NO_LIMIT = Status()
 UNLIMITED = Status(remaining=MAX_UINT32)
 
@@ -108,32 +110,40 @@ class Envoy:
         self.engine = engine
         self.stats = stats
         self._overrides: dict[tuple[str, int, int], PolicySpec] = {}
-        self._resolved: dict[tuple[str, Descriptor, int], tuple[list[_Item], list[bool]]] = {}
-        self._generation = engine.generation
+        self._resolved: tuple[int, dict[tuple[str, Descriptor, int], _Resolution]] = (
+            engine.generation, {}
+        )  # fmt: skip
+        """Resolutions of single descriptors, with the engine generation they belong to."""
 
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[Descriptor], hits: int
     ) -> Answer:
         """One status per descriptor, in order (see the module docstring)."""
         engine = self.engine
-        settings = engine.config.envoy
-        root = engine.config.domains.get(domain)
+        generation = engine.generation  # read before the config: a reload swaps the config first
+        config = engine.config  # one config for the whole request, whatever a reload does
+        settings = config.envoy
+        root = config.domains.get(domain)
         if root is None:
             self.stats.not_found(domain)
-            return self._finish(domain, descriptors, hits, [NO_LIMIT] * len(descriptors), {})
+            nothing = [NO_LIMIT] * len(descriptors)
+            return self._finish(settings, domain, descriptors, hits, nothing, {})
         if len(descriptors) == 1:  # Envoy's usual call: its resolution is cached
-            items, unlimited = self._resolve_one(domain, root, descriptors[0], hits)
+            items, unlimited = self._resolve_one(generation, domain, root, descriptors[0], hits)
         else:
             items, unlimited = self._resolve(domain, root, descriptors, hits)
         if settings.stop_increment_when_over_limit:
             results = await self._stop_increment(items)
         else:
             results = []
-            decide = engine.decide
+            decide_now = engine.decide_now
             for n, item in enumerate(items, 1):
                 cost = item.cost
                 op = "hit" if cost > 0 else "peek"
-                results.append(await decide(op, item.spec, item.key, cost, item.stored))
+                result = decide_now(op, item.spec, item.key, cost, item.stored)
+                if result is None:
+                    result = await engine.ask(op, item.spec, item.key, cost, item.stored)
+                results.append(result)
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         statuses: list[Status] = [UNLIMITED if u else NO_LIMIT for u in unlimited]
@@ -141,7 +151,7 @@ class Envoy:
         for item, result in zip(items, results, strict=True):
             statuses[item.at] = self._status(domain, item, result)
             by_index[item.at] = item
-        return self._finish(domain, descriptors, hits, statuses, by_index)
+        return self._finish(settings, domain, descriptors, hits, statuses, by_index)
 
     def _resolve(
         self, domain: str, root: EnvoyNode, descriptors: Sequence[Descriptor], hits: int
@@ -187,20 +197,27 @@ class Envoy:
         return items, unlimited
 
     def _resolve_one(
-        self, domain: str, root: EnvoyNode, descriptor: Descriptor, hits: int
-    ) -> tuple[list[_Item], list[bool]]:
+        self, generation: int, domain: str, root: EnvoyNode, descriptor: Descriptor, hits: int
+    ) -> _Resolution:
         """``_resolve`` of one descriptor, remembered until the engine's policies change
-        (at most ``MAX_RESOLVED`` of them; callers choose the values, so it is bounded)."""
-        if self._generation != self.engine.generation:
-            self._resolved.clear()
-            self._generation = self.engine.generation
+        (at most ``MAX_RESOLVED`` of them; callers choose the values, so it is bounded).
+
+        gRPC handler threads resolve while the event loop reloads: each resolution goes
+        into the table of the ``generation`` read before the request's config, so one made
+        from a config a reload replaced is never kept for the new one."""
+        cached, resolved = self._resolved
+        if generation != cached:
+            if generation < cached:  # a request begun before a reload: answer, keep nothing
+                return self._resolve(domain, root, (descriptor,), hits)
+            resolved = {}
+            self._resolved = (generation, resolved)
         cache_key = (domain, descriptor, hits)
-        found = self._resolved.get(cache_key)
+        found = resolved.get(cache_key)
         if found is None:
             found = self._resolve(domain, root, (descriptor,), hits)
-            if len(self._resolved) >= MAX_RESOLVED:
-                self._resolved.clear()
-            self._resolved[cache_key] = found
+            if len(resolved) >= MAX_RESOLVED:
+                resolved.clear()
+            resolved[cache_key] = found
         return found
 
     def override(self, domain: str, requests_per_unit: int, unit: int) -> PolicySpec:
@@ -222,7 +239,10 @@ class Envoy:
 
     async def _one(self, item: _Item, cost: int, op: str = "") -> Result:
         op = op or ("hit" if cost > 0 else "peek")
-        return await self.engine.decide(op, item.spec, item.key, cost, item.stored)
+        result = self.engine.decide_now(op, item.spec, item.key, cost, item.stored)
+        if result is None:
+            result = await self.engine.ask(op, item.spec, item.key, cost, item.stored)
+        return result
 
     async def _stop_increment(self, items: list[_Item]) -> list[Result]:
         """Upstream reads every counter first; when some would go over, only those are
@@ -263,13 +283,13 @@ class Envoy:
 
     def _finish(
         self,
+        settings: EnvoySettings,
         domain: str,
         descriptors: Sequence[Descriptor],
         hits: int,
         statuses: list[Status],
         by_index: dict[int, _Item],
     ) -> Answer:
-        settings = self.engine.config.envoy
         failed = quota_failed = quota_total = 0
         chosen: Status | None = None
         least = MAX_UINT32
@@ -289,36 +309,41 @@ class Envoy:
                 passed.append(i)
             quota_total += quota
         over = failed > 0 or (quota_total > 0 and quota_total == quota_failed)
-        headers = self._headers(chosen, statuses) if settings.response_headers != "none" else []
+        headers = (
+            [] if settings.response_headers == "none" else _headers(settings, chosen, statuses)
+        )
         if over and settings.shadow_mode:
             over = False
-            self.stats.global_shadow_mode += 1
+            self.stats.shadowed()
         metadata = None
         if settings.response_dynamic_metadata:
             metadata = _metadata(domain, descriptors, hits, passed, by_index)
         return Answer(over, statuses, headers, metadata)
 
-    def _headers(self, chosen: Status | None, statuses: list[Status]) -> list[tuple[str, str]]:
-        settings = self.engine.config.envoy
-        if settings.response_headers == "upstream":
-            if chosen is None or chosen.limit is None:
-                return []
-            names = settings.header_names
-            return [
-                (names.limit, str(chosen.limit[0])),
-                (names.remaining, str(chosen.remaining)),
-                (names.reset, str(math.ceil(chosen.reset))),
-            ]
-        tightest = None  # ratekeeper's headers: the rejecting result, else the least remaining
-        for status in statuses:
-            r = status.result
-            if r is None:
-                continue
-            if tightest is None or _tighter(r, tightest):
-                tightest = r
-        if tightest is None:
+
+def _headers(
+    settings: EnvoySettings, chosen: Status | None, statuses: list[Status]
+) -> list[tuple[str, str]]:
+    """The headers ``response_headers`` asks for (see the module docstring)."""
+    if settings.response_headers == "upstream":
+        if chosen is None or chosen.limit is None:
             return []
-        return list(tightest.decision.headers(tightest.policy).items())
+        names = settings.header_names
+        return [
+            (names.limit, str(chosen.limit[0])),
+            (names.remaining, str(chosen.remaining)),
+            (names.reset, str(math.ceil(chosen.reset))),
+        ]
+    tightest = None  # ratekeeper's headers: the rejecting result, else the least remaining
+    for status in statuses:
+        r = status.result
+        if r is None:
+            continue
+        if tightest is None or _tighter(r, tightest):
+            tightest = r
+    if tightest is None:
+        return []
+    return list(tightest.decision.headers(tightest.policy).items())
 
 
 def _tighter(a: Result, b: Result) -> bool:

@@ -28,6 +28,7 @@ import math
 import os
 import re
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,15 +249,15 @@ class EnvoyStats:
     limit overrides, unknown domains) are bounded: past ``max_keys`` distinct ones they count
     under ``<other>``.
 
-    The counts are plain integers in a dict (this is on every decision's path: a
-    prometheus_client ``inc`` costs a lock and two calls); ``collect`` turns them into
-    counter families when Prometheus scrapes.
+    The counts are plain integers in a dict, changed under one lock (gRPC's handler threads
+    count at once); ``collect`` turns them into counter families when Prometheus scrapes.
     """
 
     STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode",
              "over_limit_with_local_cache")  # fmt: skip
 
     def __init__(self, registry: CollectorRegistry, near_limit_ratio: float, max_keys: int) -> None:
+        self._lock = threading.Lock()
         self.configure(near_limit_ratio, max_keys)
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._labels: dict[tuple[str, str], tuple[str, str]] = {}
@@ -266,13 +267,15 @@ class EnvoyStats:
         registry.register(self)  # a collector: it has collect()
 
     def configure(self, near_limit_ratio: float, max_keys: int) -> None:
-        """Apply (re)loaded settings."""
-        self.ratio = _f32(near_limit_ratio)
-        self.max_keys = max_keys
-        self._near: dict[int, int] = {}
+        """Apply (re)loaded settings (under the lock: a handler thread may be counting)."""
+        with self._lock:
+            self.ratio = _f32(near_limit_ratio)
+            self.max_keys = max_keys
+            self._near: dict[int, int] = {}
 
     def counts(self, domain: str, key: str, dynamic: bool) -> list[int]:
-        """The six counts of a stat key (``domain.rest``), in ``STATS`` order."""
+        """The six counts of a stat key (``domain.rest``), in ``STATS`` order (the caller
+        holds the lock)."""
         found = self._counts.get((domain, key))
         if found is None:
             if dynamic and (domain, key) not in self._dynamic:
@@ -291,56 +294,70 @@ class EnvoyStats:
     ) -> None:  # fmt: skip
         """Count one decided limit: ``remaining`` is what the decision found (when ``over``)
         or left (when admitted)."""
-        c = self._counts.get((domain, key)) or self.counts(domain, key, dynamic)
-        c[0] += hits
-        near = self._near.get(limit)
-        if near is None:
-            near = self._near[limit] = self.threshold(limit)
-        if not over:
-            after = limit - remaining
-            if after > near:
-                before = after - hits
-                c[2] += hits if before >= near else after - near
-            c[3] += hits
-        elif local:
-            c[1] += hits
-            c[5] += hits
-            if shadow:
-                c[4] += hits
-        else:
-            crossed = remaining > 0  # the request found room, and asked for more
-            excess = hits - remaining if crossed else hits
-            c[1] += excess
-            if crossed:
-                before = limit - remaining
-                c[2] += limit - (near if near > before else before)
-            if shadow:
-                c[4] += excess
+        lock = self._lock
+        lock.acquire()  # not ``with``: cheaper on this path
+        try:
+            c = self._counts.get((domain, key)) or self.counts(domain, key, dynamic)
+            c[0] += hits
+            near = self._near.get(limit)
+            if near is None:
+                near = self._near[limit] = self.threshold(limit)
+            if not over:
+                after = limit - remaining
+                if after > near:
+                    before = after - hits
+                    c[2] += hits if before >= near else after - near
+                c[3] += hits
+            elif local:
+                c[1] += hits
+                c[5] += hits
+                if shadow:
+                    c[4] += hits
+            else:
+                crossed = remaining > 0  # the request found room, and asked for more
+                excess = hits - remaining if crossed else hits
+                c[1] += excess
+                if crossed:
+                    before = limit - remaining
+                    c[2] += limit - (near if near > before else before)
+                if shadow:
+                    c[4] += excess
+        finally:
+            lock.release()
 
     def threshold(self, limit: int) -> int:
         """Upstream's near-limit threshold: ``floor(float32(limit) * ratio)`` in float32."""
         return math.floor(_f32(_f32(limit) * self.ratio))
 
     def not_found(self, domain: str) -> None:
-        if domain not in self._not_found and len(self._not_found) >= self.max_keys:
-            domain = OTHER
-        self._not_found[domain] = self._not_found.get(domain, 0) + 1
+        with self._lock:
+            if domain not in self._not_found and len(self._not_found) >= self.max_keys:
+                domain = OTHER
+            self._not_found[domain] = self._not_found.get(domain, 0) + 1
+
+    def shadowed(self) -> None:
+        """Count a request the global shadow mode answered OK."""
+        with self._lock:
+            self.global_shadow_mode += 1
 
     def collect(self) -> Iterator[Metric]:
         """The counter families (``ratekeeper_envoy_<stat>_total``) for a scrape."""
+        with self._lock:  # a copy: handler threads may add keys meanwhile
+            rows = [(self._labels[k], list(values)) for k, values in self._counts.items()]
+            not_found = list(self._not_found.items())
         for i, stat in enumerate(self.STATS):
             family = CounterMetricFamily(
                 f"ratekeeper_envoy_{stat}", f"envoyproxy/ratelimit's {stat} per limit.",
                 labels=["domain", "key"],
             )  # fmt: skip
-            for k, values in self._counts.items():
-                family.add_metric(self._labels[k], values[i])
+            for labels, values in rows:
+                family.add_metric(labels, values[i])
             yield family
         missing = CounterMetricFamily(
             "ratekeeper_envoy_domain_not_found", "Requests naming a domain not configured.",
             labels=["domain"],
         )  # fmt: skip
-        for domain, n in self._not_found.items():
+        for domain, n in not_found:
             missing.add_metric([domain], n)
         yield missing
         yield CounterMetricFamily(

@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
-from ..stores.base import AsyncPingable, AsyncStore
+from ..stores.base import AsyncPingable, AsyncStore, LocalStore
 from ..stores.batching import Batching
 from ..stores.cluster import RedisClusterStore
 from ..stores.layout import CompactLayout
@@ -53,7 +54,7 @@ from . import config as config_mod
 from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
 from .envoy import Envoy
-from .grpc_rls import handler
+from .grpc_rls import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
 from .http import HttpApi
 from .metrics import (
     BatchMetrics,
@@ -68,6 +69,10 @@ from .watch import watch
 log = logging.getLogger("ratekeeper.service")
 HEALTH_KEY = "ratekeeper:healthz"
 """The key ``/healthz`` peeks at (outside every policy's namespace: those start with a length)."""
+
+
+GRPC_THREADS = 2
+"""gRPC handler threads by default on an in-process store (see ``Service.grpc_server``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,9 @@ class ServeOptions:
     """Seconds an HTTP connection may take to send a request's headers before it is closed."""
     max_connections: int | None = None
     """Most open HTTP connections (None: the file-descriptor limit less a reserve)."""
+    grpc_threads: int | None = None
+    """Handler threads of the standard ``grpc.server`` (0: ``grpc.aio`` on the event loop;
+    None: ``GRPC_THREADS`` on an in-process store, ``grpc.aio`` on the others)."""
 
 
 GRPC_IDLE_MS = 300_000
@@ -258,8 +266,7 @@ class Service:
         grpc_server = None
         grpc_port = None
         if opts.grpc_port is not None:
-            grpc_server = grpc.aio.server(options=grpc_options(shared))
-            grpc_server.add_generic_rpc_handlers((handler(self.envoy),))
+            grpc_server = self.grpc_server(loop)
             where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
                 grpc_port = grpc_server.add_insecure_port(where)
@@ -303,6 +310,28 @@ class Service:
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
 
+    def grpc_server(self, loop: asyncio.AbstractEventLoop) -> GrpcServer:
+        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit.
+
+        By default an in-process store decides in handler threads (no hop to the event loop:
+        the fastest measured); a store reached over the network stays on ``grpc.aio``, as a
+        handler thread would hand each call to the loop, which measured slower than
+        ``grpc.aio``'s own crossing (docs/service.md, "Measured")."""
+        shared = self.options.worker is not None
+        in_process = isinstance(self.store, LocalStore)
+        threads = self.options.grpc_threads
+        if threads is None:
+            threads = GRPC_THREADS if in_process else 0
+        if not threads:
+            aio = grpc.aio.server(options=grpc_options(shared))
+            aio.add_generic_rpc_handlers((handler(RateLimitServicer(self.envoy)),))
+            return GrpcServer(aio)
+        servicer = ThreadServicer(self.envoy, run_inline if in_process else on_loop(loop))
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="ratekeeper-grpc")
+        server = grpc.server(pool, options=grpc_options(shared))
+        server.add_generic_rpc_handlers((handler(servicer),))
+        return GrpcServer(server, pool)
+
     async def _publish(self) -> None:
         """A worker's chore: publish its metrics every second for the other workers, and stop
         when its supervisor is gone (its parent changed)."""
@@ -313,6 +342,33 @@ class Service:
             if os.getppid() != parent:
                 log.error("the supervisor is gone; worker %s stops", self.options.worker)
                 signal.raise_signal(signal.SIGTERM)
+
+
+class GrpcServer:
+    """``grpc.aio``'s server or the standard one (with its pool) behind ``grpc.aio``'s
+    start/stop coroutines."""
+
+    def __init__(self, server: Any, pool: ThreadPoolExecutor | None = None) -> None:
+        self.server, self.pool = server, pool
+
+    def add_insecure_port(self, where: str) -> int:
+        return int(self.server.add_insecure_port(where))
+
+    async def start(self) -> None:
+        if self.pool is None:
+            await self.server.start()
+        else:
+            self.server.start()
+
+    async def stop(self, grace: float) -> None:
+        """Finish the calls in progress (up to ``grace`` seconds) with the event loop still
+        running: a handler thread may be waiting for it."""
+        if self.pool is None:
+            await self.server.stop(grace=grace)
+            return
+        done = self.server.stop(grace)
+        await asyncio.get_running_loop().run_in_executor(None, done.wait)
+        self.pool.shutdown(wait=False)
 
 
 def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
