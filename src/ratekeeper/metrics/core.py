@@ -201,14 +201,20 @@ class Metrics:
 
     def decision(self, policy: str, outcome: str, key: str | None = None) -> None:
         """Count one decision; a rejection's ``key`` feeds the top-keys sketch, if kept."""
+        cell = self._cells.get((policy, outcome)) or self.decision_cell(policy, outcome)
+        cell.inc()
+        if key is not None and self.top is not None and outcome in v.REJECTIONS:
+            self.top.add(policy, key)
+
+    def decision_cell(self, policy: str, outcome: str) -> Any:
+        """The series ``decision(policy, outcome)`` counts in (``inc()`` it to count one without
+        the top-keys sketch: for an outcome that is no rejection)."""
         cell = self._cells.get((policy, outcome))
         if cell is None:
             cell = self.decisions.labels(policy, outcome)
             if len(self._cells) < self.decisions.max_series:
                 self._cells[(policy, outcome)] = cell
-        cell.inc()
-        if key is not None and self.top is not None and outcome in v.REJECTIONS:
-            self.top.add(policy, key)
+        return cell
 
     def count_of(self, policy: str, outcome: str) -> float:
         """Decisions counted so far for ``policy`` with ``outcome`` (0 if none)."""
