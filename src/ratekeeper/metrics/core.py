@@ -46,8 +46,12 @@ class _Cell:
         self.value = 0.0
 
     def inc(self, amount: float = 1.0) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: cheaper, and every decision counts one
+        try:
             self.value += amount
+        finally:
+            lock.release()
 
     def dec(self, amount: float = 1.0) -> None:
         with self._lock:
@@ -72,9 +76,13 @@ class _Buckets:
 
     def observe(self, value: float) -> None:
         i = bisect_left(self._bounds, value)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: cheaper, and every store call observes one
+        try:
             self.counts[i] += 1
             self.sum += value
+        finally:
+            lock.release()
         if self._listeners:
             for listener in self._listeners:
                 listener(value, self.labels)

@@ -154,6 +154,7 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        raw: list[tuple[bytes, bytes]] | None = None
         self.in_flight += 1
         try:
             if path in _DECIDE and method == "POST":  # the hot routes, without the router
@@ -176,9 +177,9 @@ class HttpApi:
                         over = engine.config.over_limit_status
                         if "over_limit_status" in req:
                             over = _over_limit_status(req, over)
-                    stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
-                    result = self.hits.answer(spec, key, cost, stored) if op == "hit" else None
+                    result = self.hits.answer(spec, key, cost) if op == "hit" else None
                     if result is None:
+                        stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
                         result = engine.decide_now(op, spec, key, cost, stored)
                         if result is None:
                             result = await engine.ask(op, spec, key, cost, stored)
@@ -189,7 +190,7 @@ class HttpApi:
                         headers = decision.header_lines(result.policy)
                     else:  # admitted, its response made
                         status = 200
-                        body, headers = result
+                        payload, raw = result
             else:
                 status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
@@ -203,20 +204,21 @@ class HttpApi:
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
         finally:
             self.in_flight -= 1
-        if isinstance(body, bytes):
-            payload = body
-        else:
-            payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        if isinstance(headers, list):  # a decision's, encoded already
-            raw = headers
-            raw.append(_JSON)
-        elif headers:
-            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-            if "content-type" not in headers:
+        if raw is None:  # else the fast hit's, complete
+            if isinstance(body, bytes):
+                payload = body
+            else:
+                payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+            if isinstance(headers, list):  # a decision's, encoded already
+                raw = headers
                 raw.append(_JSON)
-        else:
-            raw = [_JSON]
-        raw.append((b"content-length", b"%d" % len(payload)))
+            elif headers:
+                raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+                if "content-type" not in headers:
+                    raw.append(_JSON)
+            else:
+                raw = [_JSON]
+            raw.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
@@ -296,17 +298,17 @@ class HttpApi:
     def _checked(self, req: dict[str, Any]) -> tuple[PolicySpec, str, int]:
         """A decision request's policy, key and cost (1 when absent), or ``BadRequest``."""
         engine = self.engine
+        config = engine.config
         name = req.get("policy")
         spec = None
         if type(name) is str and name not in engine.overrides:  # engine.spec's common case
-            spec = engine.config.policies.get(name)
+            spec = config.policies.get(name)
         if spec is None:
             spec = engine.spec(name)
-        if "key" not in req:
-            raise BadRequest("key", "key is missing; expected a non-empty string")
-        key = req["key"]
-        limit = engine.config.max_key_length
-        if type(key) is not str or not key.isascii() or not 0 < len(key) <= limit:
+        key = req.get("key")
+        if type(key) is not str or not key.isascii() or not 0 < len(key) <= config.max_key_length:
+            if "key" not in req:
+                raise BadRequest("key", "key is missing; expected a non-empty string")
             key = engine.check_key(key)  # the checks with their messages
         cost = req.get("cost", 1)
         if type(cost) is not int or not 1 <= cost <= MAX_COST:

@@ -28,6 +28,7 @@ HeaderList = list[tuple[bytes, bytes]]
 _LIMIT, _REMAINING, _RESET, _USED, _POLICY, _RATELIMIT = (
     name.lower().encode() for name in HEADER_NAMES[:6]
 )
+_JSON = (b"content-type", b"application/json")
 _BIG = 10**15
 """Epoch ms below this have at most 15 significant digits, so ``repr(ms / 1000)`` is their
 decimal form (see ``ms_json``)."""
@@ -37,8 +38,8 @@ class HitPlan:
     """What a policy's admitted hits share (see the module docstring)."""
 
     __slots__ = (
-        "algorithm", "body", "cell", "clock", "hit_one", "limit", "limit_text", "names", "slot",
-        "spec",
+        "algorithm", "body", "cell", "clock", "hit_one", "limit", "limit_text", "names", "prefix",
+        "slot", "spec",
     )  # fmt: skip
 
     def __init__(self, spec: PolicySpec, engine: Engine, hit_one: Callable[..., Outcome]) -> None:
@@ -48,6 +49,7 @@ class HitPlan:
         limit = policy.limits[0]
         self.spec = spec
         self.slot = policy.slots[0]
+        self.prefix = f"{len(spec.name)}:{spec.name}:"  # store_key's, before the key
         self.algorithm = policy.algorithm
         self.limit = limit
         self.limit_text = b"%d" % limit.capacity
@@ -60,7 +62,7 @@ class HitPlan:
         tail = b',"retry_after":0.0,"policy":%s,"degraded":false,"shadow":false}' % (
             json.dumps(spec.name).encode()
         )
-        self.body = head.replace(b"%", b"%%") + b'%d,"reset_at":%s' + tail.replace(b"%", b"%%")
+        self.body = head.replace(b"%", b"%%") + b'%s,"reset_at":%s' + tail.replace(b"%", b"%%")
 
 
 class HttpHits:
@@ -72,11 +74,11 @@ class HttpHits:
         self._plans: dict[str, HitPlan] = {}
 
     def answer(
-        self, spec: PolicySpec, key: str, cost: int, stored: str
+        self, spec: PolicySpec, key: str, cost: int
     ) -> tuple[bytes, HeaderList] | Result | None:
-        """An admitted hit's (body, headers) (counted); a ``Result`` when the store rejected it
-        (settled: counted and cached as ``decide_now`` does); None when the common case does
-        not apply (nothing done: take ``decide_now``'s way)."""
+        """An admitted hit's body and headers, ``content-type`` and ``content-length`` included
+        (counted); a ``Result`` when the store rejected it (settled: counted and cached as
+        ``decide_now`` does); None when the common case does not apply (nothing done)."""
         engine = self.engine
         if engine.generation != self._generation:
             self._generation = engine.generation
@@ -89,15 +91,17 @@ class HttpHits:
         if engine.cache._entries and engine.config.local_cache:  # decide_now's cache check
             return None
         now = int(plan.clock() * 1000 + 0.5)  # as the limiter's ``plan``
-        o = plan.hit_one(plan.slot, stored, plan.algorithm, plan.limit, now, cost)
+        o = plan.hit_one(plan.slot, plan.prefix + key, plan.algorithm, plan.limit, now, cost)
         if not o[0]:
             return engine.settle(spec, key, cost, decide_one(spec.policy, o, now))
         plan.cell.inc()
         remaining = o[1]
         reset_ms = o[2]
         reset_at = reset_ms / 1000  # the Decision's fields, computed as decide_one does
-        if type(reset_ms) is int and 0 <= reset_ms < _BIG:
-            reset_json = ms_json(reset_ms)
+        if type(reset_ms) is int and 0 <= reset_ms < _BIG:  # ms_json, inlined
+            reset_json = b"%d.%03d" % divmod(reset_ms, 1000)
+            if reset_json[-1] == 48:  # 48: "0"
+                reset_json = ms_json(reset_ms)
         else:
             reset_json = float.__repr__(reset_at).encode()
         left = b"%d" % remaining
@@ -110,8 +114,11 @@ class HttpHits:
             (_USED, b"%d" % (plan.limit.capacity - remaining)),
             (_POLICY, names[1]),
             (_RATELIMIT, b"%s;r=%s;t=%d" % (names[0], left, reset_in if reset_in > 0 else 0)),
+            _JSON,
         ]
-        return plan.body % (remaining, reset_json), headers
+        body = plan.body % (left, reset_json)
+        headers.append((b"content-length", b"%d" % len(body)))
+        return body, headers
 
     def _plan(self, spec: PolicySpec) -> HitPlan | None:
         """The policy's plan, made now; None when its hits take the general way."""
@@ -133,6 +140,8 @@ def ms_json(ms: int) -> bytes:
     """``repr(ms / 1000)`` for a whole number of ms in ``[0, 10**15)``, as bytes: that float is
     the double nearest to the decimal ``ms / 1000``, whose at most 15 significant digits make it
     the shortest text that reads back as the same double, which is what ``repr`` writes."""
-    text = b"%d.%03d" % (ms // 1000, ms % 1000)
+    text = b"%d.%03d" % divmod(ms, 1000)
+    if text[-1] != 48:  # 48: "0"
+        return text
     text = text.rstrip(b"0")
     return text + b"0" if text[-1] == 46 else text  # 46: "."
