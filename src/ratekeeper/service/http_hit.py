@@ -38,8 +38,8 @@ class HitPlan:
     """What a policy's admitted hits share (see the module docstring)."""
 
     __slots__ = (
-        "algorithm", "body", "cell", "clock", "hit_one", "limit", "limit_text", "names", "prefix",
-        "slot", "spec",
+        "algorithm", "body", "capacity", "cell", "clock", "deciding", "hit_one", "limit",
+        "limit_header", "policy_header", "prefix", "slot", "spec",
     )  # fmt: skip
 
     def __init__(self, spec: PolicySpec, engine: Engine, hit_one: Callable[..., Outcome]) -> None:
@@ -52,12 +52,14 @@ class HitPlan:
         self.prefix = f"{len(spec.name)}:{spec.name}:"  # store_key's, before the key
         self.algorithm = policy.algorithm
         self.limit = limit
-        self.limit_text = b"%d" % limit.capacity
+        self.capacity = limit.capacity
+        self.limit_header = (_LIMIT, b"%d" % limit.capacity)
         self.cell = engine.metrics.decision_cell(spec.label or spec.name, "allowed")
         deciding, quota_policy = policy_names(
             spec.name, policy.rates, policy.rates[0], limit.capacity, ()
         )
-        self.names = (deciding.encode(), quota_policy.encode())
+        self.deciding = deciding.encode()
+        self.policy_header = (_POLICY, quota_policy.encode())
         head = b'{"allowed":true,"limit":%d,"remaining":' % limit.capacity
         tail = b',"retry_after":0.0,"policy":%s,"degraded":false,"shadow":false}' % (
             json.dumps(spec.name).encode()
@@ -106,14 +108,13 @@ class HttpHits:
             reset_json = float.__repr__(reset_at).encode()
         left = b"%d" % remaining
         reset_in = math.ceil(reset_at - now / 1000 - 1e-9)
-        names = plan.names
         headers = [
-            (_LIMIT, plan.limit_text),
+            plan.limit_header,
             (_REMAINING, left),
             (_RESET, b"%d" % math.ceil(reset_at - 1e-9)),
-            (_USED, b"%d" % (plan.limit.capacity - remaining)),
-            (_POLICY, names[1]),
-            (_RATELIMIT, b"%s;r=%s;t=%d" % (names[0], left, reset_in if reset_in > 0 else 0)),
+            (_USED, b"%d" % (plan.capacity - remaining)),
+            plan.policy_header,
+            (_RATELIMIT, b"%s;r=%s;t=%d" % (plan.deciding, left, reset_in if reset_in > 0 else 0)),
             _JSON,
         ]
         body = plan.body % (left, reset_json)
