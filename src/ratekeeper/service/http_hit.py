@@ -29,6 +29,8 @@ _LIMIT, _REMAINING, _RESET, _USED, _POLICY, _RATELIMIT = (
     name.lower().encode() for name in HEADER_NAMES[:6]
 )
 _JSON = (b"content-type", b"application/json")
+_LENGTHS = tuple((b"content-length", b"%d" % n) for n in range(1024))
+"""The ``content-length`` header of bodies under 1 kB (a decision's, unless its name is long)."""
 _BIG = 10**15
 """Epoch ms below this have at most 15 significant digits, so ``repr(ms / 1000)`` is their
 decimal form (see ``ms_json``)."""
@@ -118,7 +120,8 @@ class HttpHits:
             _JSON,
         ]
         body = plan.body % (left, reset_json)
-        headers.append((b"content-length", b"%d" % len(body)))
+        size = len(body)
+        headers.append(_LENGTHS[size] if size < 1024 else (b"content-length", b"%d" % size))
         return body, headers
 
     def _plan(self, spec: PolicySpec) -> HitPlan | None:
