@@ -283,3 +283,41 @@ def test_a_handler_thread_waits_for_the_loop_at_most_the_hop_timeout(
     finally:
         loop.close()
     assert finished == []
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_calls_past_the_cap_are_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_redis: Any, threads: int
+) -> None:
+    """With Redis paused every call waits on the store; past ``GRPC_MAX_CALLS`` calls held at
+    once, the next is refused with RESOURCE_EXHAUSTED instead of queueing (both servers)."""
+    from ratekeeper.service import server as server_mod
+
+    monkeypatch.setattr(server_mod, "GRPC_MAX_CALLS", 3)
+    path = tmp_path / "ratekeeper.yaml"
+    path.write_text(f"store: {{url: '{fresh_redis.url}', socket_timeout: 3}}\n" + CONFIG)
+    service = Service(ServeOptions((str(path),), grpc_threads=threads))
+
+    def call_many(port: int) -> list[grpc.StatusCode]:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            method = channel.unary_unary(f"/{SERVICE}/ShouldRateLimit")
+            calls = [method.future(request(user=f"u{i}"), timeout=20) for i in range(8)]
+            return [c.code() for c in calls]
+
+    async def run() -> list[grpc.StatusCode]:
+        server = service.grpc_server(asyncio.get_running_loop())
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            fresh_redis.pause()
+            try:
+                return await asyncio.to_thread(call_many, port)
+            finally:
+                fresh_redis.resume()
+        finally:
+            await server.stop(grace=1.0)
+
+    codes = asyncio.run(run())
+    refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert refused >= 5, codes  # at most 3 held; the rest refused
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes

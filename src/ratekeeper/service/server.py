@@ -73,6 +73,10 @@ HEALTH_KEY = "ratekeeper:healthz"
 
 GRPC_THREADS = 2
 """gRPC handler threads by default on an in-process store (see ``Service.grpc_server``)."""
+GRPC_MAX_CALLS = 1024
+"""Calls a gRPC server holds at once (running or waiting for a thread or the loop); past it
+a call is refused at once with RESOURCE_EXHAUSTED, so a stalled store or loop cannot pile up
+calls without bound (Envoy applies its failure mode to the refusal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,12 +327,16 @@ class Service:
         if threads is None:
             threads = GRPC_THREADS if in_process else 0
         if not threads:
-            aio = grpc.aio.server(options=grpc_options(shared))
+            aio = grpc.aio.server(
+                options=grpc_options(shared), maximum_concurrent_rpcs=GRPC_MAX_CALLS
+            )
             aio.add_generic_rpc_handlers((handler(RateLimitServicer(self.envoy)),))
             return GrpcServer(aio)
         servicer = ThreadServicer(self.envoy, run_inline if in_process else on_loop(loop))
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ratekeeper-grpc")
-        server = grpc.server(pool, options=grpc_options(shared))
+        server = grpc.server(
+            pool, options=grpc_options(shared), maximum_concurrent_rpcs=GRPC_MAX_CALLS
+        )
         server.add_generic_rpc_handlers((handler(servicer),))
         return GrpcServer(server, pool)
 
