@@ -147,10 +147,9 @@ class HttpApi:
         return self._openapi[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
             return
         path: str = scope["path"]
         method: str = scope["method"]
