@@ -12,7 +12,8 @@ divided by the extra calls is the cost of one (start-up cancels out).
 ``--ceilings`` counts the stacks themselves the same way: ``empty_service.py`` runs under
 valgrind while h2load sends it ``--many`` requests of each protocol (against a run that gets
 none), so the figure is the server's own instructions per request (the kernel's are not
-counted).
+counted). ``--served`` counts ``ratekeeper serve`` on the memory store so, over HTTP: the
+whole server's instructions per decision, beside the empty route's.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def count(path: str, calls: int) -> int:
     return int(m.group(1))
 
 
-def ceiling(requests: int, api: str | None) -> int:
-    """Instructions of ``empty_service.py`` under valgrind that answered ``requests`` calls."""
+def ceiling(requests: int, api: str | None, served: bool = False) -> int:
+    """Instructions of ``empty_service.py`` (``served``: ``ratekeeper serve`` on the memory
+    store) under valgrind that answered ``requests`` calls."""
     import signal
     import socket
     import struct
@@ -115,15 +117,22 @@ def ceiling(requests: int, api: str | None) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
+    work_dir = tempfile.TemporaryDirectory()
+    work = work_dir.name
+    if served:
+        config = Path(work) / "bench.yaml"
+        config.write_text(CONFIG)
+        program = ["-m", "ratekeeper.cli", "serve", "--config", str(config)]
+    else:
+        program = [str(Path(__file__).with_name("empty_service.py"))]
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-         str(Path(__file__).with_name("empty_service.py")), "--port", str(ports[0]),
-         "--grpc-port", str(ports[1])],
+         *program, "--port", str(ports[0]), "--grpc-port", str(ports[1])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert server.stdout is not None
     server.stdout.readline()  # its banner: listening
-    with tempfile.TemporaryDirectory() as work:
+    with work_dir:
         body = Path(work) / "body"
         if api == "http":
             body.write_bytes(b'{"policy":"bench","key":"user:42"}')
@@ -160,6 +169,9 @@ def main() -> None:
     parser.add_argument("--many", type=int, default=4000)
     parser.add_argument("--ceilings", action="store_true", help="count the empty servers too")
     parser.add_argument(
+        "--served", action="store_true", help="count ratekeeper serve's HTTP decisions too"
+    )
+    parser.add_argument(
         "--paths", default="http,grpc,grpc-aio", help="of http, grpc (a handler thread's), grpc-aio"
     )
     args = parser.parse_args()
@@ -173,6 +185,10 @@ def main() -> None:
         for api in ("http", "grpc"):
             per = (ceiling(args.many, api) - idle) / args.many
             print(f"{api} ceiling: {per:,.0f} instructions per request (empty_service.py)")
+    if args.served:
+        idle = ceiling(0, None, served=True)
+        per = (ceiling(args.many, "http", served=True) - idle) / args.many
+        print(f"http served: {per:,.0f} instructions per decision (ratekeeper serve, memory)")
     for path in args.paths.split(","):
         extra = count(path, args.many) - count(path, args.few)
         per = extra / (args.many - args.few)

@@ -69,17 +69,9 @@ class Decision:
 
     def header_values(self, policy: str | None = None) -> list[str]:
         """The values of ``headers()`` in ``HEADER_NAMES`` order, ``Retry-After`` last and only
-        on a rejection that can succeed (for servers that encode the names once)."""
-        names = _NAMES_SEEN.get((policy, id(self.stack), id(self.rate), self.limit, self.quotas))
-        if names is None or names[2] is not self.stack or names[3] is not self.rate:
-            names = _names_kept(policy, self.stack, self.rate, self.limit, self.quotas)
+        on a rejection that can succeed."""
+        names, retry, reset_in = self._header_parts(policy)
         remaining = str(self.remaining)
-        retry = None
-        if not self.allowed and math.isfinite(self.retry_after):
-            retry = max(1, math.ceil(self.retry_after - 1e-9))
-            reset_in = retry  # Retry-After never points earlier than t (module docstring)
-        else:
-            reset_in = max(0, math.ceil(self.reset_at - self.now - 1e-9))
         out = [
             str(self.limit),
             remaining,
@@ -92,6 +84,34 @@ class Decision:
             out.append(str(retry))
         return out
 
+    def header_lines(self, policy: str | None = None) -> list[tuple[bytes, bytes]]:
+        """``headers()`` as an ASGI server sends them: names in lower case, names and values
+        as bytes, in ``HEADER_NAMES`` order (the HTTP service's hot path builds no ``str``)."""
+        names, retry, reset_in = self._header_parts(policy)
+        remaining = b"%d" % self.remaining
+        out = [
+            (_LIMIT, b"%d" % self.limit),
+            (_REMAINING, remaining),
+            (_RESET, b"%d" % math.ceil(self.reset_at - 1e-9)),
+            (_USED, b"%d" % (self.limit - self.remaining)),
+            (_POLICY, names[5]),
+            (_RATELIMIT, b"%s;r=%s;t=%d" % (names[4], remaining, reset_in)),
+        ]
+        if retry is not None:
+            out.append((_RETRY_AFTER, b"%d" % retry))
+        return out
+
+    def _header_parts(self, policy: str | None) -> tuple[_Names, int | None, int]:
+        """The policy's names (``_names_kept``), ``Retry-After`` (None when not sent) and the
+        ``t`` of the ``RateLimit`` field."""
+        names = _NAMES_SEEN.get((policy, id(self.stack), id(self.rate), self.limit, self.quotas))
+        if names is None or names[2] is not self.stack or names[3] is not self.rate:
+            names = _names_kept(policy, self.stack, self.rate, self.limit, self.quotas)
+        if not self.allowed and math.isfinite(self.retry_after):
+            retry = max(1, math.ceil(self.retry_after - 1e-9))
+            return names, retry, retry  # Retry-After never points earlier than t (module doc)
+        return names, None, max(0, math.ceil(self.reset_at - self.now - 1e-9))
+
 
 HEADER_NAMES = (
     "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Used",
@@ -99,10 +119,13 @@ HEADER_NAMES = (
 )  # fmt: skip
 """The headers of a decision, in the order of ``Decision.header_values``."""
 
-_NAMES_SEEN: dict[
-    tuple[str | None, int, int, int, tuple[int, ...]], tuple[str, str, object, object]
-]
-_NAMES_SEEN = {}
+_LIMIT, _REMAINING, _RESET, _USED, _POLICY, _RATELIMIT, _RETRY_AFTER = (
+    name.lower().encode() for name in HEADER_NAMES
+)
+_Names = tuple[str, str, object, object, bytes, bytes]
+"""The deciding rate's item name and the ``RateLimit-Policy`` value, the stack and rate they
+were made for, and the two names again as bytes."""
+_NAMES_SEEN: dict[tuple[str | None, int, int, int, tuple[int, ...]], _Names] = {}
 """``_names`` by the identity of the stack and rate (a ``Rate``'s hash is a Python call, and a
 policy's decisions share its objects); each entry keeps its stack and rate alive, so an id
 is never reused while it is here."""
@@ -110,14 +133,22 @@ is never reused while it is here."""
 
 def _names_kept(
     policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
-) -> tuple[str, str, object, object]:
+) -> _Names:
     """``_names``, remembered in ``_NAMES_SEEN`` (cleared when it reaches 4096 entries)."""
     deciding, quota_policy = _names(policy, stack, rate, limit, quotas)
     if len(_NAMES_SEEN) >= 4096:
         _NAMES_SEEN.clear()
-    entry = (deciding, quota_policy, stack, rate)
+    entry = (deciding, quota_policy, stack, rate, deciding.encode(), quota_policy.encode())
     _NAMES_SEEN[(policy, id(stack), id(rate), limit, quotas)] = entry
     return entry
+
+
+def policy_names(
+    policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
+) -> tuple[str, str]:
+    """The ``RateLimit`` item name of ``rate`` and the ``RateLimit-Policy`` value of a decision
+    with these fields (for servers that make a policy's headers ahead)."""
+    return _names(policy, stack, rate, limit, quotas)
 
 
 @lru_cache(maxsize=4096)

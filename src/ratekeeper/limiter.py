@@ -337,6 +337,12 @@ class _Base:
         """The clock every decision is timed by."""
         return self._core.clock
 
+    @property
+    def local_hit_one(self) -> Callable[..., Outcome] | None:
+        """The in-process store's ``hit_one`` (``LocalStore``), None for other stores: what
+        ``decide_local`` calls, for callers that keep a policy's slot, algorithm and limit."""
+        return self._core.hit_one
+
     def stats(self) -> dict[str, Any]:
         """Failure counters: ``degraded``, ``store_errors``, ``breaker_opened``, ``breaker_skips``,
         ``breaker`` (worst state), ``breakers_open`` and ``consecutive_failures``."""

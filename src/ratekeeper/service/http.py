@@ -36,11 +36,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..decision import HEADER_NAMES
 from ..errors import BadRequest
 from . import dashboard
-from .config import OVER_LIMIT_STATUSES
+from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
+from .http_hit import HttpHits
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -57,8 +57,6 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
-_HEADER_NAMES = tuple(name.lower().encode() for name in HEADER_NAMES)
-"""``Decision.header_values``' names, encoded once (servers send names in lower case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +133,7 @@ class HttpApi:
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
         self.in_flight = 0
+        self.hits = HttpHits(engine)
         engine.metrics.watch_in_flight(self.requests_in_flight)
 
     def requests_in_flight(self) -> int:
@@ -148,13 +147,13 @@ class HttpApi:
         return self._openapi[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        raw: list[tuple[bytes, bytes]] | None = None
         self.in_flight += 1
         try:
             if path in _DECIDE and method == "POST":  # the hot routes, without the router
@@ -167,7 +166,30 @@ class HttpApi:
                     body = await _rest(scope, receive, message)
                 op = _DECIDE[path]
                 req = _object(body, _FIELDS[op])
-                status, body, headers = await self._decide(op, req)
+                if op == "refund":
+                    status, body, headers = await self._decide(op, req)
+                else:  # _decide's hit and peek, inlined: no coroutine when the store is local
+                    engine = self.engine
+                    spec, key, cost = self._checked(req)
+                    over = 200
+                    if op == "hit":
+                        over = engine.config.over_limit_status
+                        if "over_limit_status" in req:
+                            over = _over_limit_status(req, over)
+                    result = self.hits.answer(spec, key, cost) if op == "hit" else None
+                    if result is None:
+                        stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
+                        result = engine.decide_now(op, spec, key, cost, stored)
+                        if result is None:
+                            result = await engine.ask(op, spec, key, cost, stored)
+                    if isinstance(result, Result):
+                        decision = result.decision
+                        status = 200 if decision.allowed else over
+                        body = _result_body(result)
+                        headers = decision.header_lines(result.policy)
+                    else:  # admitted, its response made
+                        status = 200
+                        payload, raw = result
             else:
                 status, body, headers = await self._route(scope, receive, path, method)
         except BadRequest as exc:
@@ -181,20 +203,21 @@ class HttpApi:
             status, body, headers = 500, {"error": "internal error", "field": None}, {}
         finally:
             self.in_flight -= 1
-        if isinstance(body, bytes):
-            payload = body
-        else:
-            payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        if isinstance(headers, list):  # a decision's, encoded already
-            raw = headers
-            raw.append(_JSON)
-        elif headers:
-            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-            if "content-type" not in headers:
+        if raw is None:  # else the fast hit's, complete
+            if isinstance(body, bytes):
+                payload = body
+            else:
+                payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+            if isinstance(headers, list):  # a decision's, encoded already
+                raw = headers
                 raw.append(_JSON)
-        else:
-            raw = [_JSON]
-        raw.append((b"content-length", b"%d" % len(payload)))
+            elif headers:
+                raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+                if "content-type" not in headers:
+                    raw.append(_JSON)
+            else:
+                raw = [_JSON]
+            raw.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
@@ -259,34 +282,40 @@ class HttpApi:
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
         engine = self.engine
-        name = req.get("policy")
-        spec = None
-        if type(name) is str and name not in engine.overrides:  # engine.spec's common case
-            spec = engine.config.policies.get(name)
-        if spec is None:
-            spec = engine.spec(name)
-        if "key" not in req:
-            raise BadRequest("key", "key is missing; expected a non-empty string")
-        key = req["key"]
-        limit = engine.config.max_key_length
-        if type(key) is not str or not key.isascii() or not 0 < len(key) <= limit:
-            key = engine.check_key(key)  # the checks with their messages
-        cost = req.get("cost", 1)
-        if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
-            cost = int(cost)
-        if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
-            raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
+        spec, key, cost = self._checked(req)
         if op == "hit" or op == "peek":
             over = 200 if op == "peek" else _over_limit_status(req, engine.config.over_limit_status)
-            stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
-            result = await engine.decide(op, spec, key, cost, stored)
+            result = await engine.decide(op, spec, key, cost, f"{len(spec.name)}:{spec.name}:{key}")
             status = 200 if result.decision.allowed else over
-            return status, _result_body(result), _decision_headers(result)
+            return status, _result_body(result), result.decision.header_lines(result.policy)
         if op == "refund":
             await engine.refund(spec, key, cost)
             return 200, {"refunded": cost, "policy": spec.name}, {}
         await engine.reset(spec, key)
         return 200, {"reset": True, "policy": spec.name}, {}
+
+    def _checked(self, req: dict[str, Any]) -> tuple[PolicySpec, str, int]:
+        """A decision request's policy, key and cost (1 when absent), or ``BadRequest``."""
+        engine = self.engine
+        config = engine.config
+        name = req.get("policy")
+        spec = None
+        if type(name) is str and name not in engine.overrides:  # engine.spec's common case
+            spec = config.policies.get(name)
+        if spec is None:
+            spec = engine.spec(name)
+        key = req.get("key")
+        if type(key) is not str or not key.isascii() or not 0 < len(key) <= config.max_key_length:
+            if "key" not in req:
+                raise BadRequest("key", "key is missing; expected a non-empty string")
+            key = engine.check_key(key)  # the checks with their messages
+        cost = req.get("cost", 1)
+        if type(cost) is not int or not 1 <= cost <= MAX_COST:
+            if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
+                cost = int(cost)
+            if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+                raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
+        return spec, key, cost
 
     def _describe(self, name: str) -> dict[str, Any]:
         if name in self.engine.config.concurrency:
@@ -367,12 +396,6 @@ def _over_limit_status(req: dict[str, Any], default: int) -> int:
             "over_limit_status", f"over_limit_status {status!r} is invalid; expected 200 or 429"
         )
     return int(status)
-
-
-def _decision_headers(result: Result) -> list[tuple[bytes, bytes]]:
-    """A decision's headers (``Decision.headers``) as the server sends them."""
-    values = result.decision.header_values(result.policy)  # ASCII: names are escaped
-    return list(zip(_HEADER_NAMES, map(str.encode, values), strict=False))
 
 
 def _result_json(result: Result) -> dict[str, Any]:
@@ -491,6 +514,8 @@ def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
         value = _slow_object(raw)
     if not isinstance(value, dict):
         raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
+    if value.keys() <= fields:  # the usual case, checked in C
+        return value
     for name in value:
         if name not in fields:  # field "body": the client's text must not become a metric label
             shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}... ({len(name)} chars)"
