@@ -30,7 +30,7 @@ import hmac
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -47,6 +47,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = dict[str, str] | list[tuple[bytes, bytes]]
+Response = tuple[int, bytes, list[tuple[bytes, bytes]]]
+"""A response: status, body and header lines (``content-type`` and ``content-length`` too)."""
 
 MAX_BODY = 64 * 1024
 CONCURRENCY_RETRY_AFTER = 1
@@ -122,6 +124,9 @@ def _access_of_unknown(path: str) -> str:
 class HttpApi:
     """The ASGI callable. ``reload`` is called by ``POST /v1/admin/reload``."""
 
+    inline_paths = frozenset(_DECIDE)
+    """The routes the HTTP protocol may answer through ``decide_now`` (``http_inline``)."""
+
     def __init__(
         self,
         engine: Engine,
@@ -153,73 +158,125 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
-        raw: list[tuple[bytes, bytes]] | None = None
-        self.in_flight += 1
-        try:
-            if path in _DECIDE and method == "POST":  # the hot routes, without the router
-                auth = self.engine.config.auth
-                if auth.token or auth.admin_token:
-                    self._authorize(scope, False)
-                message = await receive()  # _body's common case, inlined
-                body = message.get("body", b"")
-                if message.get("more_body", False) or message["type"] != "http.request":
-                    body = await _rest(scope, receive, message)
-                op = _DECIDE[path]
-                req = _object(body, _FIELDS[op])
-                if op == "refund":
-                    status, body, headers = await self._decide(op, req)
-                else:  # _decide's hit and peek, inlined: no coroutine when the store is local
-                    engine = self.engine
-                    spec, key, cost = self._checked(req)
-                    over = 200
-                    if op == "hit":
-                        over = engine.config.over_limit_status
-                        if "over_limit_status" in req:
-                            over = _over_limit_status(req, over)
-                    result = self.hits.answer(spec, key, cost) if op == "hit" else None
-                    if result is None:
-                        stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
-                        result = engine.decide_now(op, spec, key, cost, stored)
-                        if result is None:
-                            result = await engine.ask(op, spec, key, cost, stored)
-                    if isinstance(result, Result):
-                        decision = result.decision
-                        status = 200 if decision.allowed else over
-                        body = _result_body(result)
-                        headers = decision.header_lines(result.policy)
-                    else:  # admitted, its response made
-                        status = 200
-                        payload, raw = result
-            else:
-                status, body, headers = await self._route(scope, receive, path, method)
-        except BadRequest as exc:
-            self.engine.metrics.refused.labels(exc.field).inc()
-            status, body, headers = exc.status, {"error": str(exc), "field": exc.field}, {}
-            route = find_route(path) if status == 405 else None
-            if route is not None:  # RFC 9110: a 405 names the methods that are allowed
-                headers = {"allow": route.method}
-        except Exception:  # a bug of ours: say so without details, and log it
-            log.exception("unexpected error serving %s %s", method, path)
-            status, body, headers = 500, {"error": "internal error", "field": None}, {}
-        finally:
-            self.in_flight -= 1
-        if raw is None:  # else the fast hit's, complete
-            if isinstance(body, bytes):
-                payload = body
-            else:
-                payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-            if isinstance(headers, list):  # a decision's, encoded already
-                raw = headers
-                raw.append(_JSON)
-            elif headers:
-                raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-                if "content-type" not in headers:
-                    raw.append(_JSON)
-            else:
-                raw = [_JSON]
-            raw.append((b"content-length", b"%d" % len(payload)))
+        if path in _DECIDE and method == "POST":  # the hot routes, without the router
+            status, payload, raw = await self._decision_route(scope, receive, path)
+        else:
+            status, payload, raw = await self._general(scope, receive, path, method)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _decision_route(self, scope: Scope, receive: Receive, path: str) -> Response:
+        """A decision route through ASGI: authorized before its body is read (so a refused
+        caller's body is never read), then ``decide_now``."""
+        try:
+            auth = self.engine.config.auth
+            if auth.token or auth.admin_token:
+                self._authorize(scope["headers"], False)
+            message = await receive()  # _body's common case, inlined
+            body = message.get("body", b"")
+            if message.get("more_body", False) or message["type"] != "http.request":
+                body = await _rest(scope, receive, message)
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        answer = self.decide_now(path, None, body)
+        return answer if isinstance(answer, tuple) else await answer
+
+    def decide_now(
+        self, path: str, headers: list[tuple[bytes, bytes]] | None, body: bytes
+    ) -> Response | Coroutine[Any, Any, Response]:
+        """``POST`` to a decision route (``/v1/hit``, ``/v1/peek``, ``/v1/refund``) with its
+        whole ``body``: the response, made now when the store is in-process (or the over-limit
+        cache answers), else a coroutine that asks the store and makes it. ``headers``: the
+        request's, to authorize; None when the caller authorized it already. Never raises: a
+        client mistake is its 4xx, a bug of ours a 500 (logged). Used by the ASGI app and by
+        the HTTP protocol itself (``http_inline``), so both answer byte for byte the same."""
+        self.in_flight += 1
+        later = False
+        try:
+            engine = self.engine
+            if headers is not None:
+                auth = engine.config.auth
+                if auth.token or auth.admin_token:
+                    self._authorize(headers, False)
+            op = _DECIDE[path]
+            req = _object(body, _FIELDS[op])
+            if op == "refund":
+                later = True
+                return self._later(path, self._decide(op, req))
+            spec, key, cost = self._checked(req)
+            over = 200
+            if op == "hit":
+                over = engine.config.over_limit_status
+                if "over_limit_status" in req:
+                    over = _over_limit_status(req, over)
+            result = self.hits.answer(spec, key, cost) if op == "hit" else None
+            if result is None:
+                stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
+                result = engine.decide_now(op, spec, key, cost, stored)
+                if result is None:
+                    later = True
+                    return self._asked(path, op, spec, key, cost, stored, over)
+            if isinstance(result, Result):
+                return _decision_response(result, over)
+            payload, raw = result  # admitted, its response made
+            return 200, payload, raw
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        except Exception:  # a bug of ours: say so without details, and log it
+            log.exception("unexpected error serving POST %s", path)
+            return _encode(500, _INTERNAL, {})
+        finally:
+            if not later:
+                self.in_flight -= 1
+
+    async def _asked(
+        self, path: str, op: str, spec: PolicySpec, key: str, cost: int, stored: str, over: int
+    ) -> Response:
+        """``decide_now``'s answer when the store must be asked."""
+        try:
+            result = await self.engine.ask(op, spec, key, cost, stored)
+            return _decision_response(result, over)
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        except Exception:
+            log.exception("unexpected error serving POST %s", path)
+            return _encode(500, _INTERNAL, {})
+        finally:
+            self.in_flight -= 1
+
+    async def _later(self, path: str, pending: Awaitable[tuple[int, Any, Headers]]) -> Response:
+        """``decide_now``'s answer for a route that always awaits (refund)."""
+        try:
+            return _encode(*await pending)
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        except Exception:
+            log.exception("unexpected error serving POST %s", path)
+            return _encode(500, _INTERNAL, {})
+        finally:
+            self.in_flight -= 1
+
+    async def _general(self, scope: Scope, receive: Receive, path: str, method: str) -> Response:
+        """Every route but the decision routes."""
+        self.in_flight += 1
+        try:
+            return _encode(*await self._route(scope, receive, path, method))
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        except Exception:  # a bug of ours: say so without details, and log it
+            log.exception("unexpected error serving %s %s", method, path)
+            return _encode(500, _INTERNAL, {})
+        finally:
+            self.in_flight -= 1
+
+    def _refused(self, exc: BadRequest, path: str) -> Response:
+        """A client mistake's response: its status and ``{"error", "field"}``, counted."""
+        self.engine.metrics.refused.labels(exc.field).inc()
+        headers: dict[str, str] = {}
+        route = find_route(path) if exc.status == 405 else None
+        if route is not None:  # RFC 9110: a 405 names the methods that are allowed
+            headers = {"allow": route.method}
+        return _encode(exc.status, {"error": str(exc), "field": exc.field}, headers)
 
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
@@ -227,7 +284,7 @@ class HttpApi:
         route = find_route(path)
         access = route.access if route is not None else _access_of_unknown(path)
         if access != "public":  # before anything else: no route reveals itself without a token
-            self._authorize(scope, access == "admin")
+            self._authorize(scope["headers"], access == "admin")
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
@@ -341,12 +398,14 @@ class HttpApi:
             "enabled": spec.enabled,
         }
 
-    def _authorize(self, scope: Scope, admin: bool) -> None:
+    def _authorize(self, headers: list[tuple[bytes, bytes]], admin: bool) -> None:
+        """Raises ``BadRequest`` (401/403) unless the request's bearer token may call a route
+        (the admin token for an admin route)."""
         auth = self.engine.config.auth
         if not auth.token and not auth.admin_token:
             return
         given = b""
-        for k, v in scope["headers"]:
+        for k, v in headers:
             if k == b"authorization":
                 given = v
                 break
@@ -384,6 +443,40 @@ def check_bearer(given: str, expected: str) -> bool:
 
 def _same(given: bytes, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given, expected.encode())
+
+
+def _encode(status: int, body: Any, headers: Headers) -> Response:
+    """A response: its body as bytes (JSON unless bytes already) and its header lines, with
+    ``content-type`` (JSON unless given) and ``content-length``; names lower case."""
+    payload = body if isinstance(body, bytes) else _dumps(body)
+    if isinstance(headers, list):  # a decision's, encoded already
+        raw = headers
+        raw.append(_JSON)
+    elif headers:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        if "content-type" not in headers:
+            raw.append(_JSON)
+    else:
+        raw = [_JSON]
+    raw.append((b"content-length", b"%d" % len(payload)))
+    return status, payload, raw
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _decision_response(result: Result, over: int) -> Response:
+    """A decision's response: 200, or ``over`` when it is a rejection."""
+    decision = result.decision
+    raw = decision.header_lines(result.policy)
+    raw.append(_JSON)
+    payload = _result_body(result)
+    raw.append((b"content-length", b"%d" % len(payload)))
+    return (200 if decision.allowed else over), payload, raw
+
+
+_INTERNAL = {"error": "internal error", "field": None}
 
 
 def _over_limit_status(req: dict[str, Any], default: int) -> int:

@@ -56,6 +56,7 @@ from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
 from .http import HttpApi
+from .http_inline import inline_protocol
 from .metrics import (
     BatchMetrics,
     InstrumentedLeases,
@@ -380,14 +381,18 @@ class GrpcServer:
 
 
 def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
-    """The HTTP server's settings (also the benchmark's empty-route ceiling's)."""
+    """The HTTP server's settings (also the benchmark's empty-route ceiling's): an app with
+    ``decide_now`` has its decision routes answered by the protocol (``http_inline``)."""
     return uvicorn.Config(
         app,
         host=options.host,
         port=options.port,
         loop="none",
-        http=guarded_protocol(
-            options.header_timeout, options.max_connections or default_max_connections()
+        http=inline_protocol(
+            guarded_protocol(
+                options.header_timeout, options.max_connections or default_max_connections()
+            ),
+            app,
         ),
         lifespan="off",
         access_log=False,
