@@ -22,7 +22,13 @@ import uvicorn
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
 from ratekeeper.service.grpc_rls import SERVICE
-from ratekeeper.service.server import ServeOptions, _listen, _loop_factory, grpc_options
+from ratekeeper.service.server import (
+    ServeOptions,
+    _listen,
+    _loop_factory,
+    grpc_options,
+    tune_process,
+)
 from ratekeeper.service.server import uvicorn_config as make_config
 
 BODY = (
@@ -99,5 +105,6 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     opts = ServeOptions((), args.host, args.port, args.grpc_port, grpc_threads=args.grpc_threads)
+    tune_process()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main(opts))

@@ -28,7 +28,7 @@ def test_defaults_and_options() -> None:
 
 
 def test_grpc_threads() -> None:
-    assert parse().grpc_threads is None  # the server chooses by store
+    assert parse().grpc_threads == 0  # grpc.aio, whatever the store
     assert parse("--grpc-threads", "0").grpc_threads == 0
     assert parse("--grpc-threads", "8").grpc_threads == 8
 

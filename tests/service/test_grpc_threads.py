@@ -238,14 +238,14 @@ def test_bytes_that_are_not_a_request_are_invalid_argument(config_file: Path, th
 @pytest.mark.parametrize(
     ("store", "threads", "pool"),
     [
-        ("store: memory\n", None, 2),  # in process: handler threads decide
-        ("store: {url: 'redis://127.0.0.1:1/0'}\n", None, None),  # over the network: grpc.aio
+        ("store: memory\n", 0, None),  # the default, on every store: grpc.aio
+        ("store: {url: 'redis://127.0.0.1:1/0'}\n", 0, None),
         ("store: {url: 'redis://127.0.0.1:1/0'}\n", 3, 3),
-        ("store: memory\n", 0, None),
+        ("store: memory\n", 2, 2),  # in process: handler threads decide
     ],
 )
 def test_the_grpc_server_by_store_and_grpc_threads(
-    tmp_path: Path, store: str, threads: int | None, pool: int | None
+    tmp_path: Path, store: str, threads: int, pool: int | None
 ) -> None:
     path = tmp_path / "ratekeeper.yaml"
     path.write_text(store + CONFIG)

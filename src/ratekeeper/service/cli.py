@@ -83,10 +83,10 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-threads",
         type=_threads,
-        default=None,
+        default=0,
         metavar="N",
-        help="gRPC handler threads (default: 2 on the memory store; 0, the default on Redis: "
-        "grpc.aio on the event loop)",
+        help="gRPC on the standard grpc.server with N handler threads (default: 0, grpc.aio "
+        "on the event loop)",
     )
     parser.add_argument(
         "--store-wait",

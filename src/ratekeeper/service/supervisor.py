@@ -100,7 +100,7 @@ class Supervisor:
         if o.max_connections is not None:
             args += ["--max-connections", str(o.max_connections)]
         args += ["--no-grpc"] if self.grpc_port is None else ["--grpc-port", str(self.grpc_port)]
-        if o.grpc_threads is not None:
+        if o.grpc_threads:
             args += ["--grpc-threads", str(o.grpc_threads)]
         for path in o.config_files:
             args += ["--config", path]
