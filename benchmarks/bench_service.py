@@ -3,16 +3,13 @@
 Servers, all started at once and loaded one at a time:
 
 - ``ceiling``: ``benchmarks/empty_service.py``: an empty ``grpc.aio`` ``ShouldRateLimit``
-  handler returning a fixed response, and an empty route returning a fixed JSON decision,
-  served with the service's own settings (uvicorn config, gRPC options, uvloop);
-- ``ceil sync`` (gRPC only): the same empty handler on the standard ``grpc.server`` with
-  2 handler threads, the server ``ratekeeper serve`` runs on the memory store by default;
-- ``memory``: ``ratekeeper serve`` on the memory store (gRPC: 2 handler threads decide);
-- ``memory aio`` (gRPC only): the same with ``--grpc-threads 0`` (gRPC on ``grpc.aio``);
-- ``redis``: ``ratekeeper serve`` on a private ``redis-server``, batched (gRPC on
-  ``grpc.aio``, the default on Redis);
-- ``redis thr`` (gRPC only): the same with ``--grpc-threads 2`` (handler threads that hand
-  each call to the event loop);
+  handler returning a fixed response, and an empty ASGI route returning a fixed JSON
+  decision, served with the service's own settings (uvicorn config, gRPC options, uvloop);
+- ``ceil inline`` (HTTP only): the same fixed decision answered by the HTTP protocol itself,
+  as ``ratekeeper serve`` answers its decision routes: the ceiling of that path;
+- ``memory``: ``ratekeeper serve`` on the memory store (gRPC on ``grpc.aio``);
+- ``memory thr`` (gRPC only): the same with ``--grpc-threads 2`` (handler threads decide);
+- ``redis``: ``ratekeeper serve`` on a private ``redis-server``, batched;
 - ``redis x2``: ``redis`` with ``--workers 2``.
 
 Load comes from ``h2load`` (Debian: ``apt-get install nghttp2-client``), a C client that
@@ -27,10 +24,14 @@ the load: every answer is "allowed".
    median of the per-round ratios to the ceiling (and Redis to memory; 2 workers to 1).
    "decisions per core" is decisions per CPU second of the service's processes.
    ``--api gRPC`` (or ``HTTP``) runs one protocol only.
-2. Latency (open loop): ``h2load --rps`` at 25, 50 and 75 % of each row's measured maximum
-   (the ceiling's too, for the stack's own latency): 4 HTTP/1.1 connections, or one HTTP/2
-   connection for gRPC (as Envoy multiplexes its calls), each sending its share at a fixed
-   rate; p50/p99/p99.9 from h2load's per-request log.
+2. Latency (open loop) at 25, 50 and 75 % of each row's measured maximum (the ceiling's
+   too, for the stack's own latency); p50/p99/p99.9 from h2load's per-request log, the first
+   second left out. h2load's ``--rps`` timer of a connection fires every 10 ms at most and
+   sends what is due then, so one connection at 3,000/s sends bursts of 30, and connections
+   made together fire together: such a run measures how long a burst takes to drain, not a
+   steady rate. Here every connection sends at most 100/s (one request per tick), and the
+   connections are made a few per millisecond (``--rate``, ``--rate-period 1ms``), so their
+   ticks spread over the 10 ms: the load arrives about evenly.
 
     python benchmarks/bench_service.py --rounds 3 --seconds 5
 
@@ -41,6 +42,7 @@ compare the ratios of one run, not the absolute figures of two.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -162,19 +164,24 @@ def h2load(
     assert exe is not None
     if api == "HTTP":
         url = f"http://127.0.0.1:{server.port}/v1/hit"
-        conns, streams = (OPEN_LOOP_HTTP if rps else clients), 1
+        conns, streams = clients, 1
         args = ["--h1", "-H", "content-type:application/json"]
     else:
         url = f"http://127.0.0.1:{server.grpc_port}{GRPC_PATH}"
-        conns, streams = (1, 16) if rps else (4, max(1, clients // 4))
+        conns, streams = 4, max(1, clients // 4)
         args = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
-    args += ["-d", str(data), "-c", str(conns), "-m", str(streams), "-t", "1"]
-    args += ["-D", str(max(1, round(seconds)))]
     log = None
-    if rps:  # a second of warm-up first (CPU is not reported for these runs)
-        args += ["--warm-up-time", "1", f"--rps={max(0.1, rps / conns):.2f}"]
+    if rps:  # one request per connection per tick, connections spread over a tick
+        conns = max(1, math.ceil(rps / OPEN_LOOP_PER_CONNECTION))
+        streams = 2  # room for a late answer without holding the next request back
+        count = round(rps * (seconds + 1))  # the first second is left out
+        args += ["-n", str(count), "-r", str(math.ceil(conns / 10)), "--rate-period", "1ms"]
+        args += [f"--rps={rps / conns:.3f}"]
         log = data.with_suffix(".log")
         args += ["--log-file", str(log)]
+    else:
+        args += ["-D", str(max(1, round(seconds)))]
+    args += ["-d", str(data), "-c", str(conns), "-m", str(streams), "-t", "1"]
     cpu0 = server.cpu()
     out = subprocess.run([exe, *args, url], capture_output=True, text=True, timeout=120).stdout
     cpu = server.cpu() - cpu0
@@ -187,10 +194,10 @@ def h2load(
     if int(codes.group(1)) or int(codes.group(2)):
         raise SystemExit(f"{server.name} ({api}): non-2xx answers:\n{out}")
     load = Load(float(rate.group(1)), done, cpu)
-    if log is not None:
-        load.latencies_us = sorted(
-            int(line.split("\t")[2]) for line in log.read_text().split("\n") if line
-        )
+    if log is not None:  # start (us since the epoch), status, duration (us)
+        rows = [line.split("\t") for line in log.read_text().split("\n") if line]
+        start = min(int(row[0]) for row in rows) + 1_000_000 if rows else 0
+        load.latencies_us = sorted(int(row[2]) for row in rows if int(row[0]) >= start)
         log.unlink()
     return load
 
@@ -216,15 +223,13 @@ def check_answers(server: Server) -> None:
 
 
 HIT = {"policy": "bench", "key": "user:42"}
-OPEN_LOOP_HTTP = 4
-"""Connections of an open-loop HTTP run. h2load fires every connection's rate timer at the
-same moment, so N connections send bursts of N requests: many connections at a low rate each
-measure the bursts, not the service."""
+OPEN_LOOP_PER_CONNECTION = 100
+"""Most decisions/s of one connection in an open-loop run: h2load's rate timer fires every
+10 ms at most, so at 100/s a connection sends one request per tick (the module docstring)."""
 BASES = {
-    "memory": ("ceiling", "ceil sync"),
-    "memory aio": ("ceiling", "memory"),
+    "memory": ("ceiling", "ceil inline"),
+    "memory thr": ("ceiling", "memory"),
     "redis": ("ceiling", "memory"),
-    "redis thr": ("ceil sync", "redis"),
     "redis x2": ("ceiling", "redis"),
 }
 """What each row is divided by (per round, then the median; a base not run on an API is
@@ -271,17 +276,14 @@ def main() -> None:
     servers: list[Server] = []
     try:
         empty = [sys.executable, str(HERE / "empty_service.py")]
-        aio = ["--grpc-threads", "0"]
-        only = ("gRPC",)
-        servers.append(Server("ceiling", empty, work))
-        servers.append(Server("ceil sync", [*empty, "--grpc-threads", "2"], work, only))
-        servers.append(Server("memory", [*serve, "--config", "memory.yaml"], work))
-        servers.append(Server("memory aio", [*serve, "--config", "memory.yaml", *aio], work, only))
-        servers.append(Server("redis", [*serve, "--config", "redis.yaml"], work))
         threads = ["--grpc-threads", "2"]
+        servers.append(Server("ceiling", empty, work))
+        servers.append(Server("ceil inline", [*empty, "--inline"], work, ("HTTP",)))
+        servers.append(Server("memory", [*serve, "--config", "memory.yaml"], work))
         servers.append(
-            Server("redis thr", [*serve, "--config", "redis.yaml", *threads], work, only)
+            Server("memory thr", [*serve, "--config", "memory.yaml", *threads], work, ("gRPC",))
         )
+        servers.append(Server("redis", [*serve, "--config", "redis.yaml"], work))
         servers.append(
             Server("redis x2", [*serve, "--config", "redis.yaml", "--workers", "2"], work)
         )

@@ -70,6 +70,11 @@ async def drive(path: str, calls: int, config: Path) -> None:
     async def send(_: dict[str, Any]) -> None:
         return None
 
+    if path == "http-inline":  # what the HTTP protocol asks of the app (http_inline)
+        decide_now = service.api.decide_now
+        for _ in range(calls):
+            decide_now("/v1/hit", scope["headers"], body, True)
+        return
     for _ in range(calls):
         await service.api(scope, receive, send)
 
@@ -165,7 +170,10 @@ def main() -> None:
         "--served", action="store_true", help="count ratekeeper serve's HTTP decisions too"
     )
     parser.add_argument(
-        "--paths", default="http,grpc,grpc-aio", help="of http, grpc (a handler thread's), grpc-aio"
+        "--paths",
+        default="http-inline,http,grpc-aio,grpc",
+        help="of http-inline (the protocol's call), http (through ASGI), grpc-aio, grpc (a "
+        "handler thread's)",
     )
     args = parser.parse_args()
     if args.run:

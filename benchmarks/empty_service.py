@@ -2,12 +2,14 @@
 
 An empty unary ``ShouldRateLimit`` handler returning a fixed response, and an empty ASGI
 route returning a fixed JSON decision, served exactly as ``ratekeeper serve`` serves
-(``server.uvicorn_config`` and ``server.grpc_options``, one uvloop event loop for HTTP).
-The gRPC handler runs on ``grpc.aio`` (``--grpc-threads 0``, the default here) or on the
-standard ``grpc.server`` with that many handler threads (what ``ratekeeper serve`` runs by
-default). ``bench_service.py`` runs both beside the service and divides.
+(``server.uvicorn_config``, ``server.grpc_options``, ``server.tune_process``, one uvloop
+event loop). The gRPC handler runs on ``grpc.aio`` (``--grpc-threads 0``, the default, as
+``ratekeeper serve``) or on the standard ``grpc.server`` with that many handler threads.
+``--inline``: the fixed decision is answered by the HTTP protocol itself, as ``ratekeeper
+serve`` answers its decision routes (``http_inline``), the ceiling of that path.
+``bench_service.py`` runs these beside the service and divides.
 
-    python benchmarks/empty_service.py --port 0 --grpc-port 0 --grpc-threads 2
+    python benchmarks/empty_service.py --port 0 --grpc-port 0 [--inline]
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": BODY})
 
 
+class InlineApp:
+    """``app``, with the fixed decision answered by the protocol (``http_inline``)."""
+
+    inline_paths = frozenset({"/v1/hit"})
+    answer = (200, BODY, HEADERS)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await app(scope, receive, send)
+
+    def decide_now(self, path: str, headers: Any, body: bytes, block: bool = False) -> Any:
+        return self.answer
+
+
 async def should_rate_limit(request: Any, context: Any) -> Any:
     return RESPONSE
 
@@ -57,7 +72,7 @@ def should_rate_limit_sync(request: Any, context: Any) -> Any:
     return RESPONSE
 
 
-async def main(options: ServeOptions) -> None:
+async def main(options: ServeOptions, inline: bool = False) -> None:
     sock = _listen(options.host, options.port)
     threads = options.grpc_threads
     pool = ThreadPoolExecutor(threads) if threads else None
@@ -79,7 +94,7 @@ async def main(options: ServeOptions) -> None:
         await server.start()
     else:
         server.start()
-    http = uvicorn.Server(make_config(app, options))
+    http = uvicorn.Server(make_config(InlineApp() if inline else app, options))
     task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started and not task.done():
         await asyncio.sleep(0.01)
@@ -103,8 +118,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--grpc-threads", type=int, default=0, help="0: grpc.aio; N: grpc.server, N threads"
     )
+    parser.add_argument("--inline", action="store_true", help="HTTP answered by the protocol")
     args = parser.parse_args()
     opts = ServeOptions((), args.host, args.port, args.grpc_port, grpc_threads=args.grpc_threads)
     tune_process()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(main(opts))
+        runner.run(main(opts, args.inline))

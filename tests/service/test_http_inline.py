@@ -65,9 +65,9 @@ class Served:
         """Decisions the protocol asked for (the ASGI app passes no headers)."""
         decide_now = self.api.decide_now
 
-        def counted(path: str, headers: Any, body: bytes) -> Any:
+        def counted(path: str, headers: Any, body: bytes, block: bool = False) -> Any:
             self.in_protocol += headers is not None
-            return decide_now(path, headers, body)
+            return decide_now(path, headers, body, block)
 
         self.api.decide_now = counted  # type: ignore[method-assign]
         app: Any = self.api

@@ -48,7 +48,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = dict[str, str] | list[tuple[bytes, bytes]]
 Response = tuple[int, bytes, list[tuple[bytes, bytes]]]
-"""A response: status, body and header lines (``content-type`` and ``content-length`` too)."""
+"""A response: status, body and headers (``content-type`` and ``content-length`` too)."""
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]] | bytes]
+"""A ``Response``, or one whose headers are the lines HTTP sends (``decide_now``'s ``block``)."""
 
 MAX_BODY = 64 * 1024
 CONCURRENCY_RETRY_AFTER = 1
@@ -179,17 +181,24 @@ class HttpApi:
         except BadRequest as exc:
             return self._refused(exc, path)
         answer = self.decide_now(path, None, body)
-        return answer if isinstance(answer, tuple) else await answer
+        if isinstance(answer, tuple):
+            return answer  # type: ignore[return-value]  # headers a list: block not asked
+        return await answer
 
     def decide_now(
-        self, path: str, headers: list[tuple[bytes, bytes]] | None, body: bytes
-    ) -> Response | Coroutine[Any, Any, Response]:
+        self,
+        path: str,
+        headers: list[tuple[bytes, bytes]] | None,
+        body: bytes,
+        block: bool = False,
+    ) -> Answer | Coroutine[Any, Any, Response]:
         """``POST`` to a decision route (``/v1/hit``, ``/v1/peek``, ``/v1/refund``) with its
         whole ``body``: the response, made now when the store is in-process (or the over-limit
         cache answers), else a coroutine that asks the store and makes it. ``headers``: the
         request's, to authorize; None when the caller authorized it already. Never raises: a
         client mistake is its 4xx, a bug of ours a 500 (logged). Used by the ASGI app and by
-        the HTTP protocol itself (``http_inline``), so both answer byte for byte the same."""
+        the HTTP protocol itself (``http_inline``), so both answer byte for byte the same.
+        ``block``: an admitted hit's headers may come as the lines HTTP sends (bytes)."""
         self.in_flight += 1
         later = False
         try:
@@ -209,7 +218,7 @@ class HttpApi:
                 over = engine.config.over_limit_status
                 if "over_limit_status" in req:
                     over = _over_limit_status(req, over)
-            result = self.hits.answer(spec, key, cost) if op == "hit" else None
+            result = self.hits.answer(spec, key, cost, block) if op == "hit" else None
             if result is None:
                 stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
                 result = engine.decide_now(op, spec, key, cost, stored)

@@ -40,8 +40,8 @@ class HitPlan:
     """What a policy's admitted hits share (see the module docstring)."""
 
     __slots__ = (
-        "algorithm", "body", "capacity", "cell", "clock", "deciding", "hit_one", "limit",
-        "limit_header", "policy_header", "prefix", "slot", "spec",
+        "algorithm", "block", "body", "capacity", "cell", "clock", "deciding", "hit_one",
+        "limit", "limit_header", "policy_header", "prefix", "slot", "spec",
     )  # fmt: skip
 
     def __init__(self, spec: PolicySpec, engine: Engine, hit_one: Callable[..., Outcome]) -> None:
@@ -67,6 +67,17 @@ class HitPlan:
             json.dumps(spec.name).encode()
         )
         self.body = head.replace(b"%", b"%%") + b'%s,"reset_at":%s' + tail.replace(b"%", b"%%")
+        fixed = [
+            b"%s: %s\r\n" % (name, value.replace(b"%", b"%%"))
+            for name, value in (self.limit_header, self.policy_header, _JSON)
+        ]
+        self.block = b"".join([
+            fixed[0], _REMAINING, b": %s\r\n", _RESET, b": %d\r\n", _USED, b": %d\r\n", fixed[1],
+            _RATELIMIT, b": ", self.deciding.replace(b"%", b"%%"), b";r=%s;t=%d\r\n", fixed[2],
+            b"content-length: %d\r\n",
+        ])  # fmt: skip
+        """The header lines of ``answer(..., block=True)``, the numbers left as ``%`` fields;
+        what ``answer`` lists, in the same order, as HTTP sends them."""
 
 
 class HttpHits:
@@ -78,11 +89,13 @@ class HttpHits:
         self._plans: dict[str, HitPlan] = {}
 
     def answer(
-        self, spec: PolicySpec, key: str, cost: int
-    ) -> tuple[bytes, HeaderList] | Result | None:
+        self, spec: PolicySpec, key: str, cost: int, block: bool = False
+    ) -> tuple[bytes, HeaderList | bytes] | Result | None:
         """An admitted hit's body and headers, ``content-type`` and ``content-length`` included
         (counted); a ``Result`` when the store rejected it (settled: counted and cached as
-        ``decide_now`` does); None when the common case does not apply (nothing done)."""
+        ``decide_now`` does); None when the common case does not apply (nothing done).
+        ``block``: the headers as the lines HTTP sends (``name: value\\r\\n`` each), for the
+        protocol's own answers (``http_inline``), instead of a list."""
         engine = self.engine
         if engine.generation != self._generation:
             self._generation = engine.generation
@@ -110,6 +123,12 @@ class HttpHits:
             reset_json = float.__repr__(reset_at).encode()
         left = b"%d" % remaining
         reset_in = math.ceil(reset_at - now / 1000 - 1e-9)
+        body = plan.body % (left, reset_json)
+        if block:
+            return body, plan.block % (
+                left, math.ceil(reset_at - 1e-9), plan.capacity - remaining, left,
+                reset_in if reset_in > 0 else 0, len(body),
+            )  # fmt: skip
         headers = [
             plan.limit_header,
             (_REMAINING, left),
@@ -119,7 +138,6 @@ class HttpHits:
             (_RATELIMIT, b"%s;r=%s;t=%d" % (plan.deciding, left, reset_in if reset_in > 0 else 0)),
             _JSON,
         ]
-        body = plan.body % (left, reset_json)
         size = len(body)
         headers.append(_LENGTHS[size] if size < 1024 else (b"content-length", b"%d" % size))
         return body, headers

@@ -30,7 +30,7 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from .http import MAX_BODY, Response
+from .http import MAX_BODY, Answer, Response
 
 log = logging.getLogger("ratekeeper.service")
 
@@ -51,8 +51,8 @@ class Decider(Protocol):
     inline_paths: frozenset[str]
 
     def decide_now(
-        self, path: str, headers: list[tuple[bytes, bytes]] | None, body: bytes
-    ) -> Response | Coroutine[Any, Any, Response]: ...
+        self, path: str, headers: list[tuple[bytes, bytes]] | None, body: bytes, block: bool
+    ) -> Answer | Coroutine[Any, Any, Response]: ...
 
 
 def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsProtocol]:
@@ -64,6 +64,8 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
     paths = decider.inline_paths
     decide = decider.decide_now
     status_line: dict[int, bytes] = _STATUS_LINE  # type: ignore[assignment]  # SUPPORTED
+    defaults: list[Any] = [None, b""]
+    """uvicorn's default headers (``server``, ``date``: a new list every second) as lines."""
 
     class InlineProtocol(base):  # type: ignore[valid-type,misc]  # a class made at run time
         held: Any = None
@@ -108,7 +110,7 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                 super()._start_asgi_task(cycle, asgi)
                 return
             scope = cycle.scope
-            answer = decide(scope["path"], scope["headers"], bytes(cycle.body))
+            answer = decide(scope["path"], scope["headers"], bytes(cycle.body), True)
             if isinstance(answer, tuple):
                 self._send(cycle, answer)
                 return
@@ -123,7 +125,7 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
             if not cycle.disconnected:
                 self._send(cycle, answer)
 
-        def _send(self, cycle: Any, answer: Response) -> None:
+        def _send(self, cycle: Any, answer: Answer) -> None:
             """The whole response in one write, then uvicorn's end-of-response bookkeeping."""
             status, payload, headers = answer
             if cycle.access_log:  # as uvicorn logs it
@@ -132,19 +134,25 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                     '%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"],
                     get_path_with_query_string(scope), scope["http_version"], status,
                 )  # fmt: skip
-            lines = [*cycle.default_headers, *headers]
-            if _UNSAFE.search(b"\t".join(chain.from_iterable(lines))):
-                log.error("a header of the response to POST %s is invalid", cycle.scope["path"])
+            default = cycle.default_headers
+            if default is not defaults[0]:
+                defaults[1] = b"".join([b"%s: %s\r\n" % (name, value) for name, value in default])
+                defaults[0] = default
+            lines: bytes | None
+            if isinstance(headers, bytes):  # made by ``decide_now`` from checked parts
+                lines = headers
+            elif _UNSAFE.search(b"\t".join(chain.from_iterable(headers))):  # as uvicorn checks
+                log.error("a header of the answer to POST %s is invalid", cycle.scope["path"])
+                lines = None
+            else:
+                lines = b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers])
+            if lines is None:
                 cycle.keep_alive = False
                 data = _SERVER_ERROR
             else:
-                parts = [status_line[status]]
-                for name, value in lines:
-                    parts += (name, b": ", value, b"\r\n")
-                if not cycle.keep_alive:
-                    parts.append(b"connection: close\r\n")
-                parts += (b"\r\n", payload)
-                data = b"".join(parts)
+                close = b"" if cycle.keep_alive else b"connection: close\r\n"
+                head = status_line[status] + defaults[1]
+                data = b"".join((head, lines, close, b"\r\n", payload))
             cycle.response_started = True
             cycle.response_complete = True
             self.transport.write(data)
