@@ -26,7 +26,7 @@ the load: every answer is "allowed".
    ``--api gRPC`` (or ``HTTP``) runs one protocol only.
 2. Latency (open loop) at 25, 50 and 75 % of each row's measured maximum (the ceiling's
    too, for the stack's own latency); p50/p99/p99.9 from h2load's per-request log, the first
-   second left out. h2load's ``--rps`` timer of a connection fires every 10 ms at most and
+   second left out, each the median over ``--rounds`` rounds. h2load's ``--rps`` timer of a connection fires every 10 ms at most and
    sends what is due then, so one connection at 3,000/s sends bursts of 30, and connections
    made together fire together: such a run measures how long a burst takes to drain, not a
    steady rate. Here every connection sends at most 100/s (one request per tick), and the
@@ -338,22 +338,30 @@ def latency(
     args: argparse.Namespace,
     maxima: dict[tuple[str, str], float],
 ) -> None:
-    """Open-loop runs at fixed fractions of each row's measured maximum."""
-    print("\nLatency at a fixed rate (open loop): ms p50 / p99 / p99.9", flush=True)
+    """Open-loop runs at fixed fractions of each row's measured maximum, ``--rounds`` rounds
+    interleaved as the throughput's; each quantile is the median of the rounds' quantiles."""
+    print(f"\nLatency at a fixed rate (open loop): ms p50 / p99 / p99.9, median of "
+          f"{args.rounds}", flush=True)  # fmt: skip
+    shares = (0.25, 0.5, 0.75)
     for api in (args.api,) if args.api else ("gRPC", "HTTP"):
-        for server in servers:
-            if (api, server.name) not in maxima or server.name == "redis x2":
-                continue
+        rows = [s for s in servers if (api, s.name) in maxima and s.name != "redis x2"]
+        quantiles: dict[tuple[str, float], list[tuple[float, float, float]]] = {}
+        for _ in range(args.rounds):
+            for server in rows:
+                for share in shares:
+                    rps = maxima[(api, server.name)] * share
+                    lat = h2load(server, api, data[api], args.seconds, args.clients, rps)
+                    got = (pct(lat.latencies_us, 0.5), pct(lat.latencies_us, 0.99),
+                           pct(lat.latencies_us, 0.999))  # fmt: skip
+                    quantiles.setdefault((server.name, share), []).append(got)
+        for server in rows:
             cells = []
-            for share in (0.25, 0.5, 0.75):
+            for share in shares:
+                runs = quantiles[(server.name, share)]
+                p50, p99, p999 = (statistics.median(q[i] for q in runs) for i in range(3))
                 rps = maxima[(api, server.name)] * share
-                load = h2load(server, api, data[api], args.seconds, args.clients, rps)
-                lat = load.latencies_us
-                cells.append(
-                    f"{share:.0%} ({rps:,.0f}/s): {pct(lat, 0.5):.2f} / {pct(lat, 0.99):.2f} / "
-                    f"{pct(lat, 0.999):.2f}"
-                )
-            print(f"  {api:<4} {server.name:<10} " + "   ".join(cells), flush=True)
+                cells.append(f"{share:.0%} ({rps:,.0f}/s): {p50:.2f} / {p99:.2f} / {p999:.2f}")
+            print(f"  {api:<4} {server.name:<11} " + "   ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
