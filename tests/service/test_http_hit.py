@@ -72,7 +72,9 @@ def fast(hits: HttpHits, name: str, key: str, cost: int) -> tuple[bool, bytes, l
         return general(hits.engine, name, key, cost)
     if isinstance(answer, Result):
         return respond(answer)
-    return True, *answer
+    body, headers = answer
+    assert isinstance(headers, list)  # the list form: block not asked
+    return True, body, headers
 
 
 @settings(max_examples=150, deadline=None)

@@ -26,29 +26,14 @@ from ratekeeper.service.engine import Engine
 from ratekeeper.service.http import MAX_BODY, HttpApi
 from ratekeeper.service.metrics import InstrumentedLocalStore, Metrics
 from ratekeeper.service.server import ServeOptions, _listen, uvicorn_config
+from tests.service import test_http_hit
 
 pytestmark = pytest.mark.skipif(not http_inline.SUPPORTED, reason="this uvicorn has no hook")
 
-CONFIG = """\
-auth:
-  token: client-secret-0123456789
-  admin_token: admin-secret-0123456789
-policies:
-  fixed:
-    rate: 3/second
-  "café":
-    rate: 2/10s
-    algorithm: sliding_window
-  bucket:
-    rate: 4/minute
-    algorithm: token_bucket
-    burst: 2
-  cell:
-    rate: 5/second
-    algorithm: gcra
-  stack:
-    rate: 2/second; 5/minute
-"""
+CONFIG = (
+    "auth:\n  token: client-secret-0123456789\n  admin_token: admin-secret-0123456789\n"
+    + test_http_hit.CONFIG
+)
 CLIENT = b"authorization: Bearer client-secret-0123456789\r\n"
 ADMIN = b"authorization: Bearer admin-secret-0123456789\r\n"
 
@@ -147,7 +132,7 @@ def request(rng: random.Random) -> bytes:
     if rng.random() < 0.04:
         auth = rng.choice([b"", b"authorization: Bearer wrong\r\n"])
     body: Any = {
-        "policy": rng.choice(["fixed", "café", "bucket", "cell", "stack"]),
+        "policy": rng.choice(test_http_hit.NAMES),
         "key": rng.choice(["a", "b", "user:42"]),
     }
     if path != b"/v1/reset" and rng.random() < 0.3:

@@ -211,7 +211,7 @@ class HttpApi:
             req = _object(body, _FIELDS[op])
             if op == "refund":
                 later = True
-                return self._later(path, self._decide(op, req))
+                return self._later(path, self._refunded(req))
             spec, key, cost = self._checked(req)
             over = 200
             if op == "hit":
@@ -224,44 +224,32 @@ class HttpApi:
                 result = engine.decide_now(op, spec, key, cost, stored)
                 if result is None:
                     later = True
-                    return self._asked(path, op, spec, key, cost, stored, over)
+                    return self._later(path, self._asked(op, spec, key, cost, stored, over))
             if isinstance(result, Result):
                 return _decision_response(result, over)
             payload, raw = result  # admitted, its response made
             return 200, payload, raw
-        except BadRequest as exc:
-            return self._refused(exc, path)
-        except Exception:  # a bug of ours: say so without details, and log it
-            log.exception("unexpected error serving POST %s", path)
-            return _encode(500, _INTERNAL, {})
+        except Exception as exc:
+            return self._failed(exc, "POST", path)
         finally:
             if not later:
                 self.in_flight -= 1
 
     async def _asked(
-        self, path: str, op: str, spec: PolicySpec, key: str, cost: int, stored: str, over: int
+        self, op: str, spec: PolicySpec, key: str, cost: int, stored: str, over: int
     ) -> Response:
-        """``decide_now``'s answer when the store must be asked."""
-        try:
-            result = await self.engine.ask(op, spec, key, cost, stored)
-            return _decision_response(result, over)
-        except BadRequest as exc:
-            return self._refused(exc, path)
-        except Exception:
-            log.exception("unexpected error serving POST %s", path)
-            return _encode(500, _INTERNAL, {})
-        finally:
-            self.in_flight -= 1
+        """The response when the store must be asked."""
+        return _decision_response(await self.engine.ask(op, spec, key, cost, stored), over)
 
-    async def _later(self, path: str, pending: Awaitable[tuple[int, Any, Headers]]) -> Response:
-        """``decide_now``'s answer for a route that always awaits (refund)."""
+    async def _refunded(self, req: dict[str, Any]) -> Response:
+        return _encode(*await self._decide("refund", req))
+
+    async def _later(self, path: str, pending: Awaitable[Response]) -> Response:
+        """``decide_now``'s answer when it must wait (``pending``), as ``decide_now``'s own."""
         try:
-            return _encode(*await pending)
-        except BadRequest as exc:
-            return self._refused(exc, path)
-        except Exception:
-            log.exception("unexpected error serving POST %s", path)
-            return _encode(500, _INTERNAL, {})
+            return await pending
+        except Exception as exc:
+            return self._failed(exc, "POST", path)
         finally:
             self.in_flight -= 1
 
@@ -270,13 +258,18 @@ class HttpApi:
         self.in_flight += 1
         try:
             return _encode(*await self._route(scope, receive, path, method))
-        except BadRequest as exc:
-            return self._refused(exc, path)
-        except Exception:  # a bug of ours: say so without details, and log it
-            log.exception("unexpected error serving %s %s", method, path)
-            return _encode(500, _INTERNAL, {})
+        except Exception as exc:
+            return self._failed(exc, method, path)
         finally:
             self.in_flight -= 1
+
+    def _failed(self, exc: Exception, method: str, path: str) -> Response:
+        """The response to a request that raised: its 4xx for a client mistake, else a 500
+        without details (a bug of ours: logged with its traceback; call it in ``except``)."""
+        if isinstance(exc, BadRequest):
+            return self._refused(exc, path)
+        log.exception("unexpected error serving %s %s", method, path)
+        return _encode(500, _INTERNAL, {})
 
     def _refused(self, exc: BadRequest, path: str) -> Response:
         """A client mistake's response: its status and ``{"error", "field"}``, counted."""
