@@ -26,12 +26,13 @@ the load: every answer is "allowed".
    ``--api gRPC`` (or ``HTTP``) runs one protocol only.
 2. Latency (open loop) at 25, 50 and 75 % of each row's measured maximum (the ceiling's
    too, for the stack's own latency); p50/p99/p99.9 from h2load's per-request log, the first
-   second left out, each the median over ``--rounds`` rounds. h2load's ``--rps`` timer of a connection fires every 10 ms at most and
-   sends what is due then, so one connection at 3,000/s sends bursts of 30, and connections
-   made together fire together: such a run measures how long a burst takes to drain, not a
-   steady rate. Here every connection sends at most 100/s (one request per tick), and the
-   connections are made a few per millisecond (``--rate``, ``--rate-period 1ms``), so their
-   ticks spread over the 10 ms: the load arrives about evenly.
+   second left out, each the median over ``--rounds`` rounds. h2load's ``--rps`` timer of a
+   connection fires every 10 ms at most and sends what is due then, so one connection at
+   3,000/s sends bursts of 30, and connections made together fire together: such a run
+   measures how long a burst takes to drain, not a steady rate. Here every connection sends
+   at most 100/s (one request per tick), and the connections are made a few per millisecond
+   (``--rate``, ``--rate-period 1ms``), so their ticks spread over the 10 ms: the load
+   arrives about evenly.
 
     python benchmarks/bench_service.py --rounds 3 --seconds 5
 
