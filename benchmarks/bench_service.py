@@ -29,10 +29,12 @@ the load: every answer is "allowed".
    second left out, each the median over ``--rounds`` rounds. h2load's ``--rps`` timer of a
    connection fires every 10 ms at most and sends what is due then, so one connection at
    3,000/s sends bursts of 30, and connections made together fire together: such a run
-   measures how long a burst takes to drain, not a steady rate. Here every connection sends
-   at most 100/s (one request per tick), and the connections are made a few per millisecond
-   (``--rate``, ``--rate-period 1ms``), so their ticks spread over the 10 ms: the load
-   arrives about evenly.
+   measures how long a burst takes to drain, not a steady rate. Here the connections are made
+   a few per millisecond (``--rate``, ``--rate-period 1ms``), so their ticks spread over the
+   10 ms, and each sends a small share: over HTTP/1.1 (one request in flight) at most 100/s,
+   one request per tick, so higher rates use more connections; over gRPC 8 connections
+   (as 8 Envoys), each tick's requests sent at once as streams. The load arrives about
+   evenly, in groups of a few requests per millisecond.
 
     python benchmarks/bench_service.py --rounds 3 --seconds 5
 
@@ -172,9 +174,13 @@ def h2load(
         conns, streams = 4, max(1, clients // 4)
         args = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
     log = None
-    if rps:  # one request per connection per tick, connections spread over a tick
-        conns = max(1, math.ceil(rps / OPEN_LOOP_PER_CONNECTION))
-        streams = 2  # room for a late answer without holding the next request back
+    if rps:  # connections spread over a tick (see the module docstring)
+        if api == "HTTP":  # one request in flight per connection: at most one per tick
+            conns = max(1, math.ceil(rps / OPEN_LOOP_PER_CONNECTION))
+            streams = 2  # room for a late answer without holding the next request back
+        else:  # HTTP/2 multiplexes: a few connections, each tick's requests sent at once
+            conns = OPEN_LOOP_GRPC
+            streams = 2 + math.ceil(rps / conns / OPEN_LOOP_PER_CONNECTION)
         count = round(rps * (seconds + 1))  # the first second is left out
         args += ["-n", str(count), "-r", str(math.ceil(conns / 10)), "--rate-period", "1ms"]
         args += [f"--rps={rps / conns:.3f}"]
@@ -227,6 +233,9 @@ HIT = {"policy": "bench", "key": "user:42"}
 OPEN_LOOP_PER_CONNECTION = 100
 """Most decisions/s of one connection in an open-loop run: h2load's rate timer fires every
 10 ms at most, so at 100/s a connection sends one request per tick (the module docstring)."""
+OPEN_LOOP_GRPC = 8
+"""Connections of an open-loop gRPC run (each Envoy keeps one to the service): made one per
+millisecond, their ticks fall on 8 of the 10 ms, each sending its share at once as streams."""
 BASES = {
     "memory": ("ceiling", "ceil inline"),
     "memory thr": ("ceiling", "memory"),
