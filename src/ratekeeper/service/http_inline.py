@@ -78,7 +78,6 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                 scope["method"] == "POST"
                 and scope["path"] in paths
                 and not cycle.waiting_for_100_continue
-                and not self.flow.write_paused
             ):
                 if cycle.more_body:
                     self.held, self.held_app = cycle, asgi
@@ -136,7 +135,7 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                 )  # fmt: skip
             default = cycle.default_headers
             if default is not defaults[0]:
-                defaults[1] = b"".join([b"%s: %s\r\n" % (name, value) for name, value in default])
+                defaults[1] = _lines(default)
                 defaults[0] = default
             lines: bytes | None
             if isinstance(headers, bytes):  # made by ``decide_now`` from checked parts
@@ -145,7 +144,7 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                 log.error("a header of the answer to POST %s is invalid", cycle.scope["path"])
                 lines = None
             else:
-                lines = b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers])
+                lines = _lines(headers)
             if lines is None:
                 cycle.keep_alive = False
                 data = _SERVER_ERROR
@@ -162,3 +161,8 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
             cycle.on_response()
 
     return InlineProtocol
+
+
+def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Headers as HTTP/1.1 sends them: ``name: value\\r\\n`` each."""
+    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers])
