@@ -28,7 +28,8 @@ def _public(cls: type) -> dict[str, Any]:
 
 def test_sync_and_async_limiters_have_the_same_surface() -> None:
     sync, aio = _public(Limiter), _public(AsyncLimiter)
-    assert sorted(sync) == sorted(aio)
+    # waiting by callback for a store's batch is the event loop's: no sync twin
+    assert sorted(sync) == sorted(set(aio) - {"decide_soon"})
     assert {"hit", "peek", "refund", "reset", "decide", "stats", "clock"} <= set(sync)
     for name, member in sync.items():
         if not callable(member):

@@ -23,6 +23,7 @@ fast path makes no store call), and the breakers' states are watched. Off, it co
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -48,7 +49,15 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
-from .stores.base import AsyncPingable, AsyncStore, LocalStore, Partitioned, Pingable, Store
+from .stores.base import (
+    AsyncPingable,
+    AsyncStore,
+    LocalStore,
+    Partitioned,
+    Pingable,
+    QueuingStore,
+    Store,
+)
 from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
@@ -243,6 +252,14 @@ class _Core:
         self.counts["degraded"] += 1
         return degraded(plan)
 
+    def succeeded(self, breaker: Breaker, start: float) -> None:
+        """A store call that answered: timed (``start``: when it began, perf_counter; with
+        metrics), and its breaker told."""
+        if self.metrics is not None:
+            self.metrics.store_latency.observe(time.perf_counter() - start)
+        if breaker.failures:
+            breaker.succeeded()
+
     def breaker_states(self) -> dict[str, str]:
         """Each partition's breaker state (``"0"`` for a store without partitions)."""
         return {str(part): b.state for part, b in sorted(self._breakers.items())}
@@ -385,16 +402,12 @@ class Limiter(_Base):
         breaker = core.only or core.breaker(plan)
         if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
-        metrics = core.metrics
-        start = 0.0 if metrics is None else time.perf_counter()
+        start = 0.0 if core.metrics is None else time.perf_counter()
         try:
             outcomes: tuple[Outcome, ...] = self.store.execute(plan)
         except Exception as exc:
             return core.failed(plan, exc, breaker, start)
-        if metrics is not None:
-            metrics.store_latency.observe(time.perf_counter() - start)
-        if breaker.failures:
-            breaker.succeeded()
+        core.succeeded(breaker, start)
         return decide(plan, outcomes) if outcomes else None
 
     def hit(
@@ -501,6 +514,41 @@ class Limiter(_Base):
         )
 
 
+class Pending:
+    """A decision on its way from a batching store (``AsyncLimiter.decide_soon``): when
+    ``future`` is done, ``result()`` is the store's outcomes (``decide(plan, outcomes)`` is
+    what ``decide`` would have returned), or the failure policy's decision."""
+
+    __slots__ = ("breaker", "core", "future", "plan", "start")
+
+    def __init__(
+        self,
+        core: _Core,
+        plan: Plan,
+        breaker: Breaker,
+        start: float,
+        future: asyncio.Future[tuple[Outcome, ...]],
+    ) -> None:
+        self.core = core
+        self.plan = plan
+        self.breaker = breaker
+        self.start = start
+        self.future = future
+
+    def result(self) -> tuple[Outcome, ...] | Decision:
+        """The store's outcomes (the call timed, its breaker told); when the call failed, the
+        failure policy's decision (degraded, failing open) or ``StoreUnavailable`` raised
+        (failing closed). Call it once."""
+        try:
+            outcomes = self.future.result()
+        except Exception as exc:
+            decision = self.core.failed(self.plan, exc, self.breaker, self.start)
+            assert decision is not None  # a hit or a peek: never None
+            return decision
+        self.core.succeeded(self.breaker, self.start)
+        return outcomes
+
+
 class AsyncLimiter(_Base):
     """The same limiter for asyncio: every method is a coroutine."""
 
@@ -520,6 +568,7 @@ class AsyncLimiter(_Base):
                 f"store {store!r} cannot be used by AsyncLimiter; it has no execute_async()"
             )
         self.store = store
+        self._queue = store.execute_soon if isinstance(store, QueuingStore) else None
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
 
@@ -533,16 +582,12 @@ class AsyncLimiter(_Base):
         breaker = core.only or core.breaker(plan)
         if breaker.open_until and not core.admit(plan, breaker):
             return core.failed(plan, None, None)
-        metrics = core.metrics
-        start = 0.0 if metrics is None else time.perf_counter()
+        start = 0.0 if core.metrics is None else time.perf_counter()
         try:
             outcomes: tuple[Outcome, ...] = await self.store.execute_async(plan)
         except Exception as exc:
             return core.failed(plan, exc, breaker, start)
-        if metrics is not None:
-            metrics.store_latency.observe(time.perf_counter() - start)
-        if breaker.failures:
-            breaker.succeeded()
+        core.succeeded(breaker, start)
         return decide(plan, outcomes) if outcomes else None
 
     async def hit(
@@ -577,6 +622,23 @@ class AsyncLimiter(_Base):
         """``decide`` when an in-process store answers it at once (a cached one-rate hit on
         the memory store), else None: callers on a hot path skip a coroutine."""
         return self._core.policy_hit(key, policy, cost) if op == "hit" else None
+
+    def decide_soon(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Pending | None:
+        """``decide`` through a batching store (``QueuingStore``) without a coroutine: the plan
+        is queued in the store's next batch now, and the ``Pending`` gives the same decision
+        once its future is done. None when the store does not batch, or its breaker is open
+        (then await ``decide``). For callers that answer from a callback (the HTTP service)."""
+        queue = self._queue
+        if queue is None or (op != "hit" and op != "peek"):
+            return None
+        core = self._core
+        plan = core.plan_of(op, key, policy, cost)
+        breaker = core.only or core.breaker(plan)
+        if breaker.open_until:  # a skip or the one trial: ``_run``'s rules apply
+            return None
+        start = 0.0 if core.metrics is None else time.perf_counter()
+        future = queue(plan)
+        return None if future is None else Pending(core, plan, breaker, start, future)
 
     async def decide(self, op: Op, key: str, policy: Policy, cost: int = 1) -> Decision:
         """``hit`` or ``peek`` (``op``) under a policy made once by ``make_policy`` (a service's

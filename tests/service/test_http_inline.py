@@ -3,6 +3,8 @@ what uvicorn sends for the same app through ASGI: two real servers in this proce
 the protocol's answers and one without, get the same random traffic (hits, peeks, refunds,
 rejections, client mistakes, wrong tokens, other routes, pipelined requests, ``Connection:
 close``) on one manual clock, and their responses must be equal but for the ``date`` header.
+On the memory store and on a real Redis, where the protocol's answers are made when the
+store's batch returns (``Soon``) and the ASGI app's by the general coroutine.
 Then what the protocol must leave to uvicorn: bodies over the limit, chunked and trickled
 bodies, HTTP/1.0 and ``Expect: 100-continue``."""
 
@@ -20,10 +22,10 @@ from typing import Any
 import pytest
 import uvicorn
 
-from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
+from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore
 from ratekeeper.service import config, http_inline
 from ratekeeper.service.engine import Engine
-from ratekeeper.service.http import MAX_BODY, HttpApi
+from ratekeeper.service.http import MAX_BODY, HttpApi, Soon
 from ratekeeper.service.metrics import InstrumentedLocalStore, Metrics
 from ratekeeper.service.server import ServeOptions, _listen, uvicorn_config
 from tests.service import test_http_hit
@@ -39,20 +41,32 @@ ADMIN = b"authorization: Bearer admin-secret-0123456789\r\n"
 
 
 class Served:
-    """``HttpApi`` on a fresh memory store, served by uvicorn in a thread of its own."""
+    """``HttpApi`` on a fresh store (memory, or Redis under its own prefix), served by uvicorn
+    in a thread of its own."""
 
-    def __init__(self, clock: ManualClock, inline: bool, text: str = CONFIG) -> None:
+    def __init__(
+        self, clock: ManualClock, inline: bool, text: str = CONFIG, redis_url: str | None = None
+    ) -> None:
         metrics = Metrics()
-        limiter = AsyncLimiter(InstrumentedLocalStore(MemoryStore(), metrics), clock=clock)
+        store: Any = InstrumentedLocalStore(MemoryStore(), metrics)
+        if redis_url is not None:
+            store = RedisStore(redis_url, prefix=f"inline{inline}", socket_timeout=5)
+        limiter = AsyncLimiter(store, clock=clock)
         self.engine = Engine(config.parse_text(text), limiter, metrics, clock)
         self.api = HttpApi(self.engine, self._reload, self._health)
         self.in_protocol = 0
         """Decisions the protocol asked for (the ASGI app passes no headers)."""
+        self.soon = 0
+        """Of those, the ones answered when the store's batch came back (``Soon``)."""
         decide_now = self.api.decide_now
 
-        def counted(path: str, headers: Any, body: bytes, block: bool = False) -> Any:
+        def counted(
+            path: str, headers: Any, body: bytes, block: bool = False, soon: bool = False
+        ) -> Any:
             self.in_protocol += headers is not None
-            return decide_now(path, headers, body, block)
+            answer = decide_now(path, headers, body, block, soon)
+            self.soon += isinstance(answer, Soon)
+            return answer
 
         self.api.decide_now = counted  # type: ignore[method-assign]
         app: Any = self.api
@@ -87,10 +101,12 @@ class Served:
         self.thread.join(10)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[ManualClock, Served, Served]]:
+@pytest.fixture(params=["memory", "redis"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ManualClock, Served, Served]]:
+    """Two servers on one clock and one kind of store: one answers in the protocol, one not."""
     clock = ManualClock(1_800_000_000.0)
-    inline, plain = Served(clock, True), Served(clock, False)
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    inline, plain = Served(clock, True, redis_url=url), Served(clock, False, redis_url=url)
     assert inline.protocol is not plain.protocol  # the protocols differ, the apps do not
     try:
         yield clock, inline, plain
@@ -191,15 +207,20 @@ def test_answers_equal_uvicorns_asgi_way(
             sock.close()
     assert inline.api.in_flight == 0 and plain.api.in_flight == 0
     assert inline.in_protocol > 200 and plain.in_protocol == 0
+    if isinstance(inline.engine.limiter.store, RedisStore):  # answered by the batch's callback
+        assert inline.soon > 100 and plain.soon == 0
 
 
-def exchange(port: int, data: list[bytes], pause: float = 0.0) -> bytes:
-    """Send ``data`` in pieces (``pause`` between them) and read until the server closes."""
+def exchange(port: int, data: list[bytes], pause: float = 0.0, shut: bool = True) -> bytes:
+    """Send ``data`` in pieces (``pause`` between them) and read until the server closes.
+    ``shut``: end the sending side (uvicorn then closes the connection at once, before an
+    answer that waits for a store: such a request asks for ``Connection: close`` instead)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         for piece in data:
             sock.sendall(piece)
             time.sleep(pause)
-        sock.shutdown(socket.SHUT_WR)
+        if shut:
+            sock.shutdown(socket.SHUT_WR)
         seen = b""
         while chunk := sock.recv(65536):
             seen += chunk
@@ -218,14 +239,17 @@ def test_what_the_protocol_leaves_to_uvicorn(pair: tuple[ManualClock, Served, Se
     seen = exchange(port, [HEAD + b"content-length: %d\r\n\r\n" % len(big), big[:70_000]])
     assert seen.startswith(b"HTTP/1.1 413 "), seen[:200]
     # chunked, and trickled a few bytes at a time
-    chunked = HEAD + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
-    assert exchange(port, [chunked]).startswith(b"HTTP/1.1 200 OK")
-    whole = HEAD + b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    head = HEAD + b"connection: close\r\n"
+    chunked = head + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+    assert exchange(port, [chunked], shut=False).startswith(b"HTTP/1.1 200 OK")
+    whole = head + b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)
     pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
-    assert exchange(port, pieces, pause=0.002).startswith(b"HTTP/1.1 200 OK")
+    assert exchange(port, pieces, pause=0.002, shut=False).startswith(b"HTTP/1.1 200 OK")
     # HTTP/1.0: answered, then closed (exchange reads until the close)
-    old = whole.replace(b"HTTP/1.1", b"HTTP/1.0", 1)
-    seen = exchange(port, [old])
+    old = (HEAD + b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)).replace(
+        b"HTTP/1.1", b"HTTP/1.0", 1
+    )
+    seen = exchange(port, [old], shut=False)
     assert seen.startswith(b"HTTP/1.1 200 OK") and b"connection: close\r\n" in seen
     # Expect: 100-continue: the client waits for it before sending the body
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:

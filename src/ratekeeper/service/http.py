@@ -26,6 +26,7 @@ wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JS
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -36,7 +37,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..decision import Decision
 from ..errors import BadRequest
+from ..limiter import Pending
+from ..plan import Op, decide
 from . import dashboard
 from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
@@ -183,6 +187,7 @@ class HttpApi:
         answer = self.decide_now(path, None, body)
         if isinstance(answer, tuple):
             return answer  # type: ignore[return-value]  # headers a list: block not asked
+        assert not isinstance(answer, Soon)  # not asked for
         return await answer
 
     def decide_now(
@@ -191,10 +196,14 @@ class HttpApi:
         headers: list[tuple[bytes, bytes]] | None,
         body: bytes,
         block: bool = False,
-    ) -> Answer | Coroutine[Any, Any, Response]:
+        soon: bool = False,
+    ) -> Answer | Soon | Coroutine[Any, Any, Response]:
         """``POST`` to a decision route (``/v1/hit``, ``/v1/peek``, ``/v1/refund``) with its
         whole ``body``: the response, made now when the store is in-process (or the over-limit
-        cache answers), else a coroutine that asks the store and makes it. ``headers``: the
+        cache answers); else, when ``soon`` is asked and a batching store has the call
+        queued, a ``Soon`` that makes it once the store's batch has answered (for a caller
+        that waits by callback); else a coroutine that asks the store and makes it.
+        ``headers``: the
         request's, to authorize; None when the caller authorized it already. Never raises: a
         client mistake is its 4xx, a bug of ours a 500 (logged). Used by the ASGI app and by
         the HTTP protocol itself (``http_inline``), so both answer byte for byte the same.
@@ -224,6 +233,11 @@ class HttpApi:
                 result = engine.decide_now(op, spec, key, cost, stored)
                 if result is None:
                     later = True
+                    if soon:
+                        kind: Op = "hit" if op == "hit" else "peek"
+                        pending = engine.limiter.decide_soon(kind, stored, spec.policy, cost)
+                        if pending is not None:  # in the store's next batch
+                            return Soon(self, path, pending, spec, key, cost, over, block)
                     return self._later(path, self._asked(op, spec, key, cost, stored, over))
             if isinstance(result, Result):
                 return _decision_response(result, over)
@@ -466,6 +480,63 @@ def _encode(status: int, body: Any, headers: Headers) -> Response:
 
 def _dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+class Soon:
+    """``decide_now``'s answer while the store's batch is out: once ``future`` is done,
+    ``answer()`` makes the response, as the coroutine ``decide_now`` returns otherwise would
+    (an admitted decision's from the policy's plan, ``HttpHits.stored``). No task and no
+    coroutine per request: the HTTP protocol waits with ``future.add_done_callback``."""
+
+    __slots__ = ("api", "block", "cost", "future", "key", "over", "path", "pending", "spec")
+
+    def __init__(
+        self,
+        api: HttpApi,
+        path: str,
+        pending: Pending,
+        spec: PolicySpec,
+        key: str,
+        cost: int,
+        over: int,
+        block: bool,
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.pending = pending
+        self.future = pending.future
+        self.spec = spec
+        self.key = key
+        self.cost = cost
+        self.over = over
+        self.block = block
+
+    def answer(self) -> Answer | None:
+        """The response, made once ``future`` is done (call it exactly once: it counts the
+        decision and ends the request's time in flight); None when the batch was cancelled
+        (the server is stopping: nothing to send)."""
+        api = self.api
+        spec, key, cost = self.spec, self.key, self.cost
+        try:
+            plan = self.pending.plan
+            stored = self.pending.result()
+            if isinstance(stored, Decision):  # the failure policy's
+                result = api.engine.settle(spec, key, cost, stored)
+            else:
+                made = api.hits.stored(spec, key, cost, stored, plan.now_ms, self.block)
+                if made is None:  # no plan: the general way
+                    result = api.engine.settle(spec, key, cost, decide(plan, stored))
+                elif isinstance(made, Result):
+                    result = made
+                else:
+                    return 200, made[0], made[1]
+            return _decision_response(result, self.over)
+        except asyncio.CancelledError:
+            return None
+        except Exception as exc:
+            return api._failed(exc, "POST", self.path)
+        finally:
+            api.in_flight -= 1
 
 
 def _decision_response(result: Result, over: int) -> Response:

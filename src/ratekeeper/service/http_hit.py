@@ -41,12 +41,16 @@ class HitPlan:
 
     __slots__ = (
         "algorithm", "block", "body", "capacity", "cell", "clock", "deciding", "hit_one",
-        "limit", "limit_header", "policy_header", "prefix", "slot", "spec",
+        "limit", "limit_header", "policy_header", "prefix", "rate", "slot", "spec",
     )  # fmt: skip
 
-    def __init__(self, spec: PolicySpec, engine: Engine, hit_one: Callable[..., Outcome]) -> None:
+    def __init__(
+        self, spec: PolicySpec, engine: Engine, hit_one: Callable[..., Outcome] | None
+    ) -> None:
         policy = spec.policy
         self.hit_one = hit_one
+        """The in-process store's ``hit_one``; None when the store must be asked."""
+        self.rate = policy.rates[0]
         self.clock = engine.limiter.clock
         limit = policy.limits[0]
         self.spec = spec
@@ -97,20 +101,42 @@ class HttpHits:
         ``block``: the headers as the lines HTTP sends (``name: value\\r\\n`` each), for the
         protocol's own answers (``http_inline``), instead of a list."""
         engine = self.engine
-        if engine.generation != self._generation:
-            self._generation = engine.generation
-            self._plans.clear()
         plan = self._plans.get(spec.name)
-        if plan is None or plan.spec is not spec:
+        if plan is None or plan.spec is not spec or engine.generation != self._generation:
             plan = self._plan(spec)
             if plan is None:
                 return None
-        if engine.cache._entries and engine.config.local_cache:  # decide_now's cache check
-            return None
+        if plan.hit_one is None or (engine.cache._entries and engine.config.local_cache):
+            return None  # a store to ask, or decide_now's cache check
         now = int(plan.clock() * 1000 + 0.5)  # as the limiter's ``plan``
         o = plan.hit_one(plan.slot, plan.prefix + key, plan.algorithm, plan.limit, now, cost)
+        return self._made(plan, key, cost, o, now, block)
+
+    def stored(
+        self,
+        spec: PolicySpec,
+        key: str,
+        cost: int,
+        outcomes: tuple[Outcome, ...],
+        now: int,
+        block: bool = False,
+    ) -> tuple[bytes, HeaderList | bytes] | Result | None:
+        """``answer`` for a hit or peek the store answered (``outcomes``, of a plan made at
+        ``now`` ms; the over-limit cache was asked before): None when the policy has no plan
+        (nothing done), as the general path would answer it otherwise."""
+        plan = self._plans.get(spec.name)
+        if plan is None or plan.spec is not spec or self.engine.generation != self._generation:
+            plan = self._plan(spec)
+            if plan is None:
+                return None
+        return self._made(plan, key, cost, outcomes[0], now, block)
+
+    def _made(
+        self, plan: HitPlan, key: str, cost: int, o: Outcome, now: int, block: bool
+    ) -> tuple[bytes, HeaderList | bytes] | Result:
+        """The answer to the store's outcome ``o`` of a plan's one rate (``answer``)."""
         if not o[0]:
-            return engine.settle(spec, key, cost, decide_one(spec.policy, o, now))
+            return self.engine.settle(plan.spec, key, cost, decide_one(plan.spec.policy, o, now))
         plan.cell.inc()
         remaining = o[1]
         reset_ms = o[2]
@@ -145,16 +171,17 @@ class HttpHits:
     def _plan(self, spec: PolicySpec) -> HitPlan | None:
         """The policy's plan, made now; None when its hits take the general way."""
         engine = self.engine
-        hit_one = engine.limiter.local_hit_one
+        if engine.generation != self._generation:
+            self._generation = engine.generation
+            self._plans.clear()
         if (
-            hit_one is None
-            or not spec.enabled
+            not spec.enabled
             or spec.block
             or len(spec.policy.limits) != 1
             or engine.config.policies.get(spec.name) is not spec  # toggled: a copy
         ):
             return None
-        plan = self._plans[spec.name] = HitPlan(spec, engine, hit_one)
+        plan = self._plans[spec.name] = HitPlan(spec, engine, engine.limiter.local_hit_one)
         return plan
 
 

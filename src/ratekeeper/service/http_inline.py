@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
+from functools import partial
 from itertools import chain
 from typing import Any, Protocol
 
@@ -30,7 +31,7 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from .http import MAX_BODY, Answer, Response
+from .http import MAX_BODY, Answer, Response, Soon
 
 log = logging.getLogger("ratekeeper.service")
 
@@ -51,8 +52,13 @@ class Decider(Protocol):
     inline_paths: frozenset[str]
 
     def decide_now(
-        self, path: str, headers: list[tuple[bytes, bytes]] | None, body: bytes, block: bool
-    ) -> Answer | Coroutine[Any, Any, Response]: ...
+        self,
+        path: str,
+        headers: list[tuple[bytes, bytes]] | None,
+        body: bytes,
+        block: bool,
+        soon: bool,
+    ) -> Answer | Soon | Coroutine[Any, Any, Response]: ...
 
 
 def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsProtocol]:
@@ -109,15 +115,30 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
                 super()._start_asgi_task(cycle, asgi)
                 return
             scope = cycle.scope
-            answer = decide(scope["path"], scope["headers"], bytes(cycle.body), True)
+            answer = decide(scope["path"], scope["headers"], bytes(cycle.body), True, True)
             if isinstance(answer, tuple):
                 self._send(cycle, answer)
+            elif isinstance(answer, Soon):  # in the store's batch: answered when it returns
+                answer.future.add_done_callback(partial(self._answered, cycle, answer))
+            else:
+                self._start(self._send_later(cycle, answer))
+
+        def _answered(self, cycle: Any, soon: Soon, _: object) -> None:
+            answer = soon.answer()  # made even for a client gone: it counts, as a task would
+            if answer is None or cycle.disconnected:
                 return
-            task = self.loop.create_task(self._send_later(cycle, answer))
+            if self.flow.write_paused:  # the client stopped reading meanwhile
+                self._start(self._send_later(cycle, _ready(answer)))
+            else:
+                self._send(cycle, answer)
+
+        def _start(self, coroutine: Coroutine[Any, Any, None]) -> None:
+            """A task uvicorn waits for at shutdown (``tasks``), as it waits for its own."""
+            task = self.loop.create_task(coroutine)
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
 
-        async def _send_later(self, cycle: Any, pending: Coroutine[Any, Any, Response]) -> None:
+        async def _send_later(self, cycle: Any, pending: Awaitable[Answer]) -> None:
             answer = await pending
             if self.flow.write_paused and not cycle.disconnected:
                 await self.flow.drain()
@@ -161,6 +182,11 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
             cycle.on_response()
 
     return InlineProtocol
+
+
+async def _ready(answer: Answer) -> Answer:
+    """``answer`` as an awaitable (``_send_later`` waits for the client first)."""
+    return answer
 
 
 def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -7,7 +7,8 @@ capability, ``AsyncStore`` the async one; a limiter checks the one it needs once
 part, so a dead shard degrades only its own keys. ``KeyPartitioned`` says the same for calls
 that carry a caller key but no plan (leases: the concurrency limiter's breakers). ``LocalStore``
 is optional too: an in-process store (``MemoryStore``) that can take a one-rate hit without a
-``Plan``, which the limiters use as their fast path.
+``Plan``, which the limiters use as their fast path. ``QueuingStore``: a batching store that
+can queue a plan and answer through a future, so a caller waits by callback, not a coroutine.
 ``Pingable``/``AsyncPingable``: a store that can be checked at startup (every built-in store;
 ``Limiter.check`` uses it). Stores wrap their driver's errors in ``StoreUnavailable``
 (``raise ... from exc``).
@@ -15,6 +16,7 @@ is optional too: an in-process store (``MemoryStore``) that can take a one-rate 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol, runtime_checkable
 
 from ..algorithms import Algorithm, Limit, Outcome
@@ -36,6 +38,16 @@ class AsyncStore(Protocol):
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan; ``refund``/``reset`` return an empty tuple."""
+        ...
+
+
+@runtime_checkable
+class QueuingStore(Protocol):
+    """An async store that can queue a plan in its next batch and answer through a future."""
+
+    def execute_soon(self, plan: Plan) -> asyncio.Future[tuple[Outcome, ...]] | None:
+        """``plan`` queued: a future of what ``execute_async`` would return (or raise); None
+        when the store does not batch now (then await ``execute_async``)."""
         ...
 
 

@@ -99,13 +99,18 @@ class Batcher(Generic[T, R]):
 
     async def submit(self, call: T) -> R:
         """Queue ``call`` and wait for its own result (or its own exception)."""
+        return await self.enqueue(call)
+
+    def enqueue(self, call: T) -> asyncio.Future[R]:
+        """Queue ``call``; the future gets its own result (or its own exception). For callers
+        that wait by callback (``add_done_callback``) instead of a coroutine."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._start(loop)
         future: asyncio.Future[R] = loop.create_future()
         self._queue.append((call, future))
         self._schedule(loop)
-        return await future
+        return future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if len(self._queue) >= self.max_size:

@@ -24,6 +24,7 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 import redis
@@ -178,6 +179,12 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def execute_soon(self, plan: Plan) -> asyncio.Future[tuple[Outcome, ...]] | None:
+        """``plan`` queued in the batch of the calls in flight (``QueuingStore``); None
+        without batching."""
+        batcher = self.batcher
+        return None if batcher is None else batcher.enqueue(plan)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio client: in the batch of the calls in flight
