@@ -31,10 +31,12 @@ the load: every answer is "allowed".
    3,000/s sends bursts of 30, and connections made together fire together: such a run
    measures how long a burst takes to drain, not a steady rate. Here the connections are made
    a few per millisecond (``--rate``, ``--rate-period 1ms``), so their ticks spread over the
-   10 ms, and each sends a small share: over HTTP/1.1 (one request in flight) at most 100/s,
-   one request per tick, so higher rates use more connections; over gRPC 8 connections
-   (as 8 Envoys), each tick's requests sent at once as streams. The load arrives about
-   evenly, in groups of a few requests per millisecond.
+   10 ms, and each sends a small share: over gRPC 8 connections (as 8 Envoys), each tick's
+   requests sent at once as streams; over HTTP/1.1 the closed loop's ``--clients``
+   connections, each tick's requests pipelined. The load arrives about evenly, in groups of
+   a few requests per millisecond. ``--one-in-flight`` makes HTTP/1.1 clients that never
+   pipeline instead: one request per connection and tick (100/s each), so a higher rate
+   takes more connections (230 at 23,000/s), and each request is a socket event of its own.
 
     python benchmarks/bench_service.py --rounds 3 --seconds 5
 

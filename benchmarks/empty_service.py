@@ -60,7 +60,9 @@ class InlineApp:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await app(scope, receive, send)
 
-    def decide_now(self, path: str, headers: Any, body: bytes, block: bool = False) -> Any:
+    def decide_now(
+        self, path: str, headers: Any, body: bytes, block: bool = False, soon: bool = False
+    ) -> Any:
         return self.answer
 
 
