@@ -162,9 +162,16 @@ class Load:
 
 
 def h2load(
-    server: Server, api: str, data: Path, seconds: float, clients: int, rps: float | None = None
+    server: Server,
+    api: str,
+    data: Path,
+    seconds: float,
+    clients: int,
+    rps: float | None = None,
+    one_in_flight: bool = False,
 ) -> Load:
-    """Run h2load against ``server`` (closed loop, or ``rps`` decisions/s in all: open loop)."""
+    """Run h2load against ``server`` (closed loop, or ``rps`` decisions/s in all: open loop;
+    ``one_in_flight``: over HTTP/1.1, as many connections as that takes at 100/s each)."""
     exe = shutil.which("h2load")
     assert exe is not None
     if api == "HTTP":
@@ -177,11 +184,11 @@ def h2load(
         args = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
     log = None
     if rps:  # connections spread over a tick (see the module docstring)
-        if api == "HTTP":  # one request in flight per connection: at most one per tick
+        if api == "HTTP" and one_in_flight:  # at most one request per connection and tick
             conns = max(1, math.ceil(rps / OPEN_LOOP_PER_CONNECTION))
             streams = 2  # room for a late answer without holding the next request back
-        else:  # HTTP/2 multiplexes: a few connections, each tick's requests sent at once
-            conns = OPEN_LOOP_GRPC
+        else:  # each tick's requests sent at once: HTTP/2 streams, HTTP/1.1 pipelined
+            conns = OPEN_LOOP_GRPC if api == "gRPC" else clients
             streams = 2 + math.ceil(rps / conns / OPEN_LOOP_PER_CONNECTION)
         count = round(rps * (seconds + 1))  # the first second is left out
         args += ["-n", str(count), "-r", str(math.ceil(conns / 10)), "--rate-period", "1ms"]
@@ -265,6 +272,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per h2load run")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop concurrency")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument(
+        "--one-in-flight",
+        action="store_true",
+        help="open-loop HTTP/1.1 with one request in flight per connection, 100/s each (many "
+        "connections) instead of --clients connections, each tick's requests pipelined",
+    )
     parser.add_argument("--api", choices=("gRPC", "HTTP"), help="one protocol only")
     args = parser.parse_args()
     if shutil.which("h2load") is None:
@@ -362,7 +375,10 @@ def latency(
             for server in rows:
                 for share in shares:
                     rps = maxima[(api, server.name)] * share
-                    lat = h2load(server, api, data[api], args.seconds, args.clients, rps)
+                    lat = h2load(
+                        server, api, data[api], args.seconds, args.clients, rps,
+                        args.one_in_flight,
+                    )  # fmt: skip
                     got = (pct(lat.latencies_us, 0.5), pct(lat.latencies_us, 0.99),
                            pct(lat.latencies_us, 0.999))  # fmt: skip
                     quantiles.setdefault((server.name, share), []).append(got)
