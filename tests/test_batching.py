@@ -126,7 +126,8 @@ def test_plans_queued_during_a_round_trip_go_when_it_returns() -> None:
             await asyncio.sleep(0)
 
     async def go() -> None:
-        limiter = AsyncLimiter(Batched(Batcher(many, Batching(max_wait=0.1))), clock=ManualClock())
+        one_out = Batching(max_wait=0.1, max_in_flight=1)
+        limiter = AsyncLimiter(Batched(Batcher(many, one_out)), clock=ManualClock())
         first = asyncio.ensure_future(limiter.hit("a", "3/minute"))
         await turns(3)
         later = [asyncio.ensure_future(limiter.hit(k, "3/minute")) for k in ("b", "c")]
@@ -141,9 +142,52 @@ def test_plans_queued_during_a_round_trip_go_when_it_returns() -> None:
     asyncio.run(go())
 
 
+def test_a_second_batch_goes_while_one_is_out_and_a_third_waits() -> None:
+    """``max_in_flight`` (2 by default): with one batch out the next goes at once; with two
+    out, what arrives waits for one to come back (or for ``max_wait``, 100 ms here)."""
+    store = MemoryStore()
+    gates = [asyncio.Event() for _ in range(3)]
+    sizes: list[int] = []
+
+    async def many(plans: Sequence[Plan]) -> list[Reply]:
+        gate = gates[len(sizes)]
+        sizes.append(len(plans))
+        await gate.wait()
+        return [store.execute(p) for p in plans]
+
+    async def turns(n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        limiter = AsyncLimiter(Batched(Batcher(many, Batching(max_wait=0.1))), clock=ManualClock())
+        a = asyncio.ensure_future(limiter.hit("a", "3/minute"))
+        await turns(3)
+        b = asyncio.ensure_future(limiter.hit("b", "3/minute"))
+        await turns(3)
+        assert sizes == [1, 1]  # b did not wait for a's batch
+        later = [asyncio.ensure_future(limiter.hit(k, "3/minute")) for k in ("c", "d")]
+        await turns(3)
+        assert sizes == [1, 1]  # two out: c and d queue
+        gates[1].set()
+        await b
+        await turns(3)
+        assert sizes == [1, 1, 2]  # sent as b's batch came back
+        gates[0].set()
+        gates[2].set()
+        assert all(d.allowed for d in await asyncio.gather(a, *later))
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"max_size": 0}, "max_size=0"), ({"max_wait": 1.0}, "max_wait=1.0")],
+    [
+        ({"max_size": 0}, "max_size=0"),
+        ({"max_wait": 1.0}, "max_wait=1.0"),
+        ({"max_in_flight": 0}, "max_in_flight=0"),
+        ({"max_in_flight": True}, "max_in_flight=True"),
+    ],
 )
 def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

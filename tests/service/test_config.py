@@ -122,7 +122,8 @@ def test_week_month_year_are_one_grammar_in_both_formats() -> None:
 STORES = [
     ("store: memory\n", "memory"),
     ("store: redis://127.0.0.1:6379/0\n", "redis"),
-    ("store:\n  url: redis://h:1/0\n  batch: {max_size: 64, max_wait_ms: 0.5}\n", "redis"),
+    ("store:\n  url: redis://h:1/0\n  batch: {max_size: 64, max_wait_ms: 0.5, max_in_flight: 3}\n",
+     "redis"),
     ("store:\n  shards:\n    - redis://a:1/0\n    - url: redis://b:1/0\n      replicas: "
      "[redis://c:1/0]\n      name: b\n", "sharded"),
     ("store:\n  cluster: redis://n:7000\n  batch: false\n", "cluster"),
@@ -139,6 +140,8 @@ def test_stores(text: str, kind: str) -> None:
 def test_store_details() -> None:
     batched = config.parse_text(STORES[2][0]).store
     assert batched.batch and batched.batch_max_size == 64 and batched.batch_max_wait_ms == 0.5
+    assert batched.batch_max_in_flight == 3
+    assert config.parse_text(STORES[1][0]).store.batch_max_in_flight == 2
     sharded = config.parse_text(STORES[3][0]).store
     assert sharded.shards[1] == config.ShardSettings("redis://b:1/0", ("redis://c:1/0",), "b")
     assert not config.parse_text(STORES[4][0]).store.batch
@@ -207,6 +210,7 @@ BAD = [
     ("store:\n  shards: []\n", 2, "store.shards is empty"),
     ("store:\n  shards:\n    - url: http://x\n", 3, "shard url 'http://x'"),
     ("store:\n  url: redis://a/0\n  batch: {max_wait_ms: 500}\n", 3, "max_wait_ms 500"),
+    ("store:\n  url: redis://a/0\n  batch: {max_in_flight: 0}\n", 3, "max_in_flight"),
     ("limits:\n  max_key_length: 0\n", 2, "max_key_length 0"),
     ("auth:\n  token: short\n", 2, "at least 16"),
     ("policies: [1, 2]\n", 1, "policies must be a mapping"),

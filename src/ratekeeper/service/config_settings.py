@@ -54,6 +54,7 @@ class StoreSettings:
     batch: bool = True
     batch_max_size: int = 128
     batch_max_wait_ms: float = 1.0
+    batch_max_in_flight: int = 2
     layout_buckets: int = 0
 
 
@@ -96,8 +97,11 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
     else:
         common = replace(common, socket_timeout=float(timeout))
     with guard():
-        batch, size, wait = _batch(body.get("batch", True), at("batch", line))
-        common = replace(common, batch=batch, batch_max_size=size, batch_max_wait_ms=wait)
+        batch, size, wait, flying = _batch(body.get("batch", True), at("batch", line))
+        common = replace(
+            common, batch=batch, batch_max_size=size, batch_max_wait_ms=wait,
+            batch_max_in_flight=flying,
+        )  # fmt: skip
     with guard():
         common = replace(common, layout_buckets=_layout(body.get("layout"), at("layout", line)))
     where = [k for k in ("url", "shards", "cluster", "sentinel") if k in body]
@@ -168,18 +172,22 @@ def _sentinel(value: Any, line: int, what: str, name: str) -> ShardSettings:
     return ShardSettings(shard.url, (), name, shard.service, tuple(shard.sentinels))
 
 
-def _batch(value: Any, line: int) -> tuple[bool, int, float]:
+def _batch(value: Any, line: int) -> tuple[bool, int, float, int]:
     if isinstance(value, bool):
-        return value, 128, 1.0
+        return value, 128, 1.0, 2
     body = need_map(value, line, "store.batch")
-    no_unknown(body, {"max_size", "max_wait_ms"}, "store.batch")
+    no_unknown(body, {"max_size", "max_wait_ms", "max_in_flight"}, "store.batch")
     size = need_int(
         body.get("max_size", 128), body.lines.get("max_size", line), "max_size", 1, 10_000
     )
     wait = body.get("max_wait_ms", 1.0)
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 100:
         raise Problem(body.lines.get("max_wait_ms", line), f"max_wait_ms {wait!r} must be 0-100")
-    return True, size, float(wait)
+    out = need_int(
+        body.get("max_in_flight", 2), body.lines.get("max_in_flight", line), "max_in_flight",
+        1, 64,
+    )  # fmt: skip
+    return True, size, float(wait), out
 
 
 def _shard(value: Any, line: int) -> ShardSettings:

@@ -149,7 +149,12 @@ def build_store(
         memory = MemoryStore(max_keys=s.max_keys)
         return InstrumentedLocalStore(memory, metrics), InstrumentedLeases(memory, metrics), memory
     batching = (
-        Batching(s.batch_max_size, s.batch_max_wait_ms / 1000, BatchMetrics(metrics))
+        Batching(
+            s.batch_max_size,
+            s.batch_max_wait_ms / 1000,
+            BatchMetrics(metrics),
+            s.batch_max_in_flight,
+        )
         if s.batch
         else None
     )

@@ -4,14 +4,16 @@
 batch is sent when one of these comes first:
 
 - ``max_size`` calls are queued (bounded size);
-- no batch is in flight: an idle store is asked at once (what arrived in the same event-loop
-  turn goes along), so light load gets no added latency;
+- fewer than ``max_in_flight`` batches are out (default 2): the store is asked at once (what
+  arrived in the same event-loop turn goes along), so light load gets no added latency;
 - a batch in flight comes back: what queued meanwhile goes at once (self-clocking);
 - the oldest queued call has waited ``max_wait`` seconds (default 1 ms; bounded wait).
 
-So under load, calls that arrive while Redis answers the previous batch ride together in the
-next one, sent when that answer comes back (or after ``max_wait`` if it is slow): one round trip
-for many decisions, and no call waits for a timer while Redis is idle. Each call gets its own
+So under load, calls that arrive while Redis answers the batches out ride together in the
+next one, sent when an answer comes back (or after ``max_wait`` if they are slow): one round
+trip for many decisions, and no call waits for a timer while Redis is idle. Two batches out
+at once let the process work on one batch's answers and the next requests while Redis runs
+the other, instead of each waiting for the other in turn. Each call gets its own
 result or its own exception; one failing call fails no other.
 
 The Redis stores own their batchers (``Batching`` is their setting; ``None`` turns it off): a
@@ -57,19 +59,24 @@ class Batching:
     max_size: int = 128
     """Most calls in one batch."""
     max_wait: float = 0.001
-    """Longest a call waits in the queue behind a batch in flight, in seconds (0 to 0.1)."""
+    """Longest a call waits in the queue behind the batches in flight, in seconds (0 to 0.1)."""
     observer: BatchObserver | None = None
+    max_in_flight: int = 2
+    """Batches out at once before calls queue behind them (1 to 64)."""
 
     def __post_init__(self) -> None:
-        size, wait = self.max_size, self.max_wait
+        size, wait, out = self.max_size, self.max_wait, self.max_in_flight
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(f"batch max_size={size!r} is invalid; expected a whole number >= 1")
+        if isinstance(out, bool) or not isinstance(out, int) or not 1 <= out <= 64:
+            raise ConfigError(f"batch max_in_flight={out!r} is invalid; expected 1 to 64")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 0.1:
             raise ConfigError(f"batch max_wait={wait!r} s is invalid; expected 0 to 0.1")
 
 
 DEFAULT_BATCHING = Batching()
-"""The Redis stores' default: up to 128 calls per batch, at most 1 ms of waiting."""
+"""The Redis stores' default: up to 128 calls per batch, at most 1 ms of waiting, two batches
+out at once."""
 
 ExecuteMany = Callable[[Sequence[T]], Awaitable[list[R | BaseException]]]
 
@@ -82,6 +89,7 @@ class Batcher(Generic[T, R]):
         self.settings = settings or Batching()
         self.max_size = self.settings.max_size
         self.max_wait = self.settings.max_wait
+        self.max_in_flight = self.settings.max_in_flight
         self.observer = self.settings.observer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start(None)
@@ -115,7 +123,7 @@ class Batcher(Generic[T, R]):
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if len(self._queue) >= self.max_size:
             self._flush()
-        elif not self._in_flight:
+        elif self._in_flight < self.max_in_flight:
             if not self._soon:  # send after this loop turn: what arrived together goes together
                 self._soon = True
                 loop.call_soon(self._flush)
