@@ -12,8 +12,9 @@ divided by the extra calls is the cost of one (start-up cancels out).
 ``--ceilings`` counts the stacks themselves the same way: ``empty_service.py`` runs under
 valgrind while h2load sends it ``--many`` requests of each protocol (against a run that gets
 none), so the figure is the server's own instructions per request (the kernel's are not
-counted). ``--served`` counts ``ratekeeper serve`` on the memory store so, over HTTP: the
-whole server's instructions per decision, beside the empty route's.
+counted). ``--served`` counts ``ratekeeper serve`` so over HTTP (32 connections, as
+bench_service's closed loop), on the memory store and on a private ``redis-server``: the whole
+server's instructions per decision, beside the empty route's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_service import CONFIG as POLICIES  # run as a script: benchmarks/ is on the path
+from bench_service import Redis
 
 CONFIG = "store: memory\n" + POLICIES
 
@@ -102,9 +104,10 @@ def count(path: str, calls: int) -> int:
     return int(m.group(1))
 
 
-def ceiling(requests: int, api: str | None, served: bool = False) -> int:
-    """Instructions of ``empty_service.py`` (``served``: ``ratekeeper serve`` on the memory
-    store) under valgrind that answered ``requests`` calls."""
+def ceiling(requests: int, api: str | None, served: str = "") -> int:
+    """Instructions of ``empty_service.py`` (``served``: ``ratekeeper serve`` with that store
+    config, the memory store's or a Redis one) under valgrind that answered ``requests``
+    calls."""
     import signal
     import socket
     import struct
@@ -119,7 +122,7 @@ def ceiling(requests: int, api: str | None, served: bool = False) -> int:
     work = work_dir.name
     if served:
         config = Path(work) / "bench.yaml"
-        config.write_text(CONFIG)
+        config.write_text(served + POLICIES)
         program = ["-m", "ratekeeper.cli", "serve", "--config", str(config)]
     else:
         program = [str(Path(__file__).with_name("empty_service.py"))]
@@ -148,8 +151,10 @@ def ceiling(requests: int, api: str | None, served: bool = False) -> int:
             url = f"http://127.0.0.1:{ports[1]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
             extra = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
         if requests:
+            clients = "32" if served else "4"  # served: bench_service's closed loop
             subprocess.run(
-                ["h2load", "-n", str(requests), "-c", "4", "-t", "1", *extra, "-d", str(body), url],
+                ["h2load", "-n", str(requests), "-c", clients, "-t", "1", *extra, "-d", str(body),
+                 url],
                 capture_output=True, check=True, timeout=600,
             )  # fmt: skip
     time.sleep(1)
@@ -187,9 +192,20 @@ def main() -> None:
             per = (ceiling(args.many, api) - idle) / args.many
             print(f"{api} ceiling: {per:,.0f} instructions per request (empty_service.py)")
     if args.served:
-        idle = ceiling(0, None, served=True)
-        per = (ceiling(args.many, "http", served=True) - idle) / args.many
-        print(f"http served: {per:,.0f} instructions per decision (ratekeeper serve, memory)")
+        stores = {"memory": "store: memory\n"}
+        redis = Redis(Path(tempfile.mkdtemp())) if shutil.which("redis-server") else None
+        if redis is not None:
+            stores["redis"] = f"store:\n  url: {redis.url}\n  socket_timeout: 2.0\n"
+        try:
+            for name, store in stores.items():
+                idle = ceiling(0, None, served=store)
+                per = (ceiling(args.many, "http", served=store) - idle) / args.many
+                print(
+                    f"http served: {per:,.0f} instructions per decision (ratekeeper serve, {name})"
+                )
+        finally:
+            if redis is not None:
+                redis.stop()
     for path in args.paths.split(","):
         extra = count(path, args.many) - count(path, args.few)
         per = extra / (args.many - args.few)

@@ -2,9 +2,10 @@
 
 An empty unary ``ShouldRateLimit`` handler returning a fixed response, and an empty ASGI
 route returning a fixed JSON decision, served exactly as ``ratekeeper serve`` serves
-(``server.uvicorn_config``, ``server.grpc_options``, ``server.tune_process``, one uvloop
-event loop). The gRPC handler runs on ``grpc.aio`` (``--grpc-threads 0``, the default, as
-``ratekeeper serve``) or on the standard ``grpc.server`` with that many handler threads.
+(``server.uvicorn_config``, ``server.grpc_options`` and its cap on calls at once,
+``server.tune_process``, one uvloop event loop). The gRPC handler runs on ``grpc.aio``
+(``--grpc-threads 0``, the default, as ``ratekeeper serve``) or on the standard
+``grpc.server`` with that many handler threads.
 ``--inline``: the fixed decision is answered by the HTTP protocol itself, as ``ratekeeper
 serve`` answers its decision routes (``http_inline``), the ceiling of that path.
 ``bench_service.py`` runs these beside the service and divides.
@@ -25,6 +26,7 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
 from ratekeeper.service.grpc_rls import SERVICE
 from ratekeeper.service.server import (
+    GRPC_MAX_CALLS,
     ServeOptions,
     _listen,
     _loop_factory,
@@ -80,9 +82,13 @@ async def main(options: ServeOptions, inline: bool = False) -> None:
     pool = ThreadPoolExecutor(threads) if threads else None
     server: Any
     if pool is None:
-        server = grpc.aio.server(options=grpc_options(False))
+        server = grpc.aio.server(
+            options=grpc_options(False), maximum_concurrent_rpcs=GRPC_MAX_CALLS
+        )
     else:
-        server = grpc.server(pool, options=grpc_options(False))
+        server = grpc.server(
+            pool, options=grpc_options(False), maximum_concurrent_rpcs=GRPC_MAX_CALLS
+        )
     method = grpc.unary_unary_rpc_method_handler(
         should_rate_limit if pool is None else should_rate_limit_sync,
         request_deserializer=pb.RateLimitRequest.FromString,
