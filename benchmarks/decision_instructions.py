@@ -10,10 +10,10 @@ divided by the extra calls is the cost of one (start-up cancels out).
     python benchmarks/decision_instructions.py --run http 1000   # what valgrind runs
 
 ``--ceilings`` counts the stacks themselves the same way: ``empty_service.py`` runs under
-valgrind while h2load sends it ``--many`` requests of each protocol (against a run that gets
-none), so the figure is the server's own instructions per request (the kernel's are not
-counted). ``--served`` counts ``ratekeeper serve`` so over HTTP (32 connections, as
-bench_service's closed loop), on the memory store and on a private ``redis-server``: the whole
+valgrind while h2load sends it ``--many`` requests of each protocol on 32 connections (as
+bench_service's closed loop), against a run that gets none, so the figure is the server's
+own instructions per request (the kernel's are not counted). ``--served`` counts ``ratekeeper
+serve`` so over HTTP, on the memory store and on a private ``redis-server``: the whole
 server's instructions per decision, beside the empty route's.
 """
 
@@ -151,7 +151,7 @@ def ceiling(requests: int, api: str | None, served: str = "") -> int:
             url = f"http://127.0.0.1:{ports[1]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
             extra = ["-H", "content-type:application/grpc", "-H", "te:trailers"]
         if requests:
-            clients = "32" if served else "4"  # served: bench_service's closed loop
+            clients = "32"  # as bench_service's closed loop
             subprocess.run(
                 ["h2load", "-n", str(requests), "-c", clients, "-t", "1", *extra, "-d", str(body),
                  url],
