@@ -64,6 +64,12 @@ class MemoryMany:
         ]
 
 
+async def turns(n: int) -> None:
+    """Let the event loop run ``n`` turns."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 async def flood(limiter: AsyncLimiter, keys: list[str]) -> list[bool]:
     decisions = await asyncio.gather(*(limiter.hit(k, "3/minute") for k in keys))
     return [d.allowed for d in decisions]
@@ -121,10 +127,6 @@ def test_plans_queued_during_a_round_trip_go_when_it_returns() -> None:
         await gate.wait()
         return [store.execute(p) for p in plans]
 
-    async def turns(n: int) -> None:
-        for _ in range(n):
-            await asyncio.sleep(0)
-
     async def go() -> None:
         one_out = Batching(max_wait=0.1, max_in_flight=1)
         limiter = AsyncLimiter(Batched(Batcher(many, one_out)), clock=ManualClock())
@@ -154,10 +156,6 @@ def test_a_second_batch_goes_while_one_is_out_and_a_third_waits() -> None:
         sizes.append(len(plans))
         await gate.wait()
         return [store.execute(p) for p in plans]
-
-    async def turns(n: int) -> None:
-        for _ in range(n):
-            await asyncio.sleep(0)
 
     async def go() -> None:
         limiter = AsyncLimiter(Batched(Batcher(many, Batching(max_wait=0.1))), clock=ManualClock())
