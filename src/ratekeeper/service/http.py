@@ -203,11 +203,11 @@ class HttpApi:
         cache answers); else, when ``soon`` is asked and a batching store has the call
         queued, a ``Soon`` that makes it once the store's batch has answered (for a caller
         that waits by callback); else a coroutine that asks the store and makes it.
-        ``headers``: the
-        request's, to authorize; None when the caller authorized it already. Never raises: a
-        client mistake is its 4xx, a bug of ours a 500 (logged). Used by the ASGI app and by
-        the HTTP protocol itself (``http_inline``), so both answer byte for byte the same.
-        ``block``: an admitted hit's headers may come as the lines HTTP sends (bytes)."""
+        ``headers``: the request's, to authorize; None when the caller authorized it already.
+        Never raises: a client mistake is its 4xx, a bug of ours a 500 (logged). Used by the
+        ASGI app and by the HTTP protocol itself (``http_inline``), so both answer byte for
+        byte the same. ``block``: an admitted hit's headers may come as the lines HTTP sends
+        (bytes)."""
         self.in_flight += 1
         later = False
         try:
