@@ -483,12 +483,12 @@ def _dumps(body: Any) -> bytes:
 
 
 class Soon:
-    """``decide_now``'s answer while the store's batch is out: once ``future`` is done,
+    """``decide_now``'s answer while the store's batch is out: once ``pending.future`` is done,
     ``answer()`` makes the response, as the coroutine ``decide_now`` returns otherwise would
     (an admitted decision's from the policy's plan, ``HttpHits.stored``). No task and no
     coroutine per request: the HTTP protocol waits with ``future.add_done_callback``."""
 
-    __slots__ = ("api", "block", "cost", "future", "key", "over", "path", "pending", "spec")
+    __slots__ = ("api", "block", "cost", "key", "over", "path", "pending", "spec")
 
     def __init__(
         self,
@@ -504,7 +504,6 @@ class Soon:
         self.api = api
         self.path = path
         self.pending = pending
-        self.future = pending.future
         self.spec = spec
         self.key = key
         self.cost = cost
@@ -512,7 +511,7 @@ class Soon:
         self.block = block
 
     def answer(self) -> Answer | None:
-        """The response, made once ``future`` is done (call it exactly once: it counts the
+        """The response, made once the batch has answered (call it exactly once: it counts the
         decision and ends the request's time in flight); None when the batch was cancelled
         (the server is stopping: nothing to send)."""
         api = self.api

@@ -101,11 +101,9 @@ class HttpHits:
         ``block``: the headers as the lines HTTP sends (``name: value\\r\\n`` each), for the
         protocol's own answers (``http_inline``), instead of a list."""
         engine = self.engine
-        plan = self._plans.get(spec.name)
-        if plan is None or plan.spec is not spec or engine.generation != self._generation:
-            plan = self._plan(spec)
-            if plan is None:
-                return None
+        plan = self._plan(spec)
+        if plan is None:
+            return None
         if plan.hit_one is None or (engine.cache._entries and engine.config.local_cache):
             return None  # a store to ask, or decide_now's cache check
         now = int(plan.clock() * 1000 + 0.5)  # as the limiter's ``plan``
@@ -124,11 +122,9 @@ class HttpHits:
         """``answer`` for a hit or peek the store answered (``outcomes``, of a plan made at
         ``now`` ms; the over-limit cache was asked before): None when the policy has no plan
         (nothing done), as the general path would answer it otherwise."""
-        plan = self._plans.get(spec.name)
-        if plan is None or plan.spec is not spec or self.engine.generation != self._generation:
-            plan = self._plan(spec)
-            if plan is None:
-                return None
+        plan = self._plan(spec)
+        if plan is None:
+            return None
         return self._made(plan, key, cost, outcomes[0], now, block)
 
     def _made(
@@ -169,8 +165,12 @@ class HttpHits:
         return body, headers
 
     def _plan(self, spec: PolicySpec) -> HitPlan | None:
-        """The policy's plan, made now; None when its hits take the general way."""
+        """The policy's plan (made now if this config has none yet); None when its hits take
+        the general way."""
         engine = self.engine
+        plan = self._plans.get(spec.name)
+        if plan is not None and plan.spec is spec and engine.generation == self._generation:
+            return plan
         if engine.generation != self._generation:
             self._generation = engine.generation
             self._plans.clear()

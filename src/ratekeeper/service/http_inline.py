@@ -119,7 +119,7 @@ def inline_protocol(base: type[HttpToolsProtocol], app: Any) -> type[HttpToolsPr
             if isinstance(answer, tuple):
                 self._send(cycle, answer)
             elif isinstance(answer, Soon):  # in the store's batch: answered when it returns
-                answer.future.add_done_callback(partial(self._answered, cycle, answer))
+                answer.pending.future.add_done_callback(partial(self._answered, cycle, answer))
             else:
                 self._start(self._send_later(cycle, answer))
 
