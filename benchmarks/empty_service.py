@@ -30,6 +30,7 @@ from ratekeeper.service.server import (
     ServeOptions,
     _listen,
     _loop_factory,
+    freeze_heap,
     grpc_options,
     tune_process,
 )
@@ -108,6 +109,7 @@ async def main(options: ServeOptions, inline: bool = False) -> None:
         await asyncio.sleep(0.01)
     port = sock.getsockname()[1]
     print(f"empty service on http://{options.host}:{port} and gRPC {grpc_port}", flush=True)
+    freeze_heap()  # as ``ratekeeper serve`` does once serving
     try:
         await task
     finally:
