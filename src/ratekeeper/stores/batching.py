@@ -135,17 +135,19 @@ class Batcher(Generic[T, R]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        loop = self._loop
+        assert loop is not None  # set by the call that queued
         while self._queue:
             batch = self._queue[: self.max_size]
             del self._queue[: self.max_size]
             self._in_flight += 1
-            task = asyncio.ensure_future(self._send(batch))
+            task = loop.create_task(self._send(batch))
             self._tasks.add(task)  # keep a reference until it is done
             task.add_done_callback(self._tasks.discard)
             if len(self._queue) < self.max_size:
                 break
         if self._queue:
-            self._schedule(asyncio.get_running_loop())
+            self._schedule(loop)
 
     async def _send(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         self.batches += 1

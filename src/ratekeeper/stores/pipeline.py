@@ -27,7 +27,7 @@ next batch connects again (through Sentinel, for a Sentinel shard).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import hiredis
@@ -75,14 +75,18 @@ class RedisPipeline:
         assert isinstance(call, LeaseCall)
         return call.fallback(self.codec.prefix)
 
-    async def __call__(self, calls: Sequence[Call]) -> list[Reply]:
+    def __call__(self, calls: Sequence[Call]) -> Coroutine[Any, Any, list[Reply]]:
+        """The batch's replies, in order (the coroutine itself: no layer of its own)."""
         resets = [
             i for i, call in enumerate(calls) if i and type(call) is Plan and call.op == "reset"
         ]
         if not resets:
-            return await self._run(calls)
-        # A reset is not a script: after NOSCRIPT it would have run before the scripts queued
-        # ahead of it, which run again later. Each reset starts a batch of its own.
+            return self._run(calls)
+        return self._split(calls, resets)
+
+    async def _split(self, calls: Sequence[Call], resets: list[int]) -> list[Reply]:
+        """A reset is not a script: after NOSCRIPT it would have run before the scripts queued
+        ahead of it, which run again later. Each reset starts a batch of its own."""
         out: list[Reply] = []
         for start, end in zip([0, *resets], [*resets, len(calls)], strict=True):
             out += await self._run(calls[start:end])
@@ -91,7 +95,7 @@ class RedisPipeline:
     async def _run(self, calls: Sequence[Call]) -> list[Reply]:
         packed = [self._packed(call) for call in calls]
         replies = await self._send(b"".join(packed), len(packed))
-        missing = [i for i, reply in enumerate(replies) if _noscript(reply)]
+        missing = [] if _all_lists(replies) else _missing(replies)
         if missing:  # a restarted or flushed Redis: load each script once, send those again
             replies = await self._reload_and_resend(calls, packed, replies, missing)
         out: list[Reply] = []
@@ -134,23 +138,13 @@ class RedisPipeline:
         except (RedisError, OSError) as exc:
             return exc
 
-    async def _send(self, data: bytes, count: int) -> list[object]:
+    async def _send(self, data: bytes, count: int, retry: bool = True) -> list[object]:
         """Write the batch on one pooled connection and read its ``count`` replies in order.
 
         A connection that drops before any reply is read (one pooled before a Redis restart)
-        is retried once at once on a fresh connection, as ``RedisStore`` does; a timeout or
-        a drop after replies began is never retried (the scripts may have run).
+        is retried once at once on a fresh connection (``retry``), as ``RedisStore`` does; a
+        timeout or a drop after replies began is never retried (the scripts may have run).
         """
-        try:
-            return await self._send_once(data, count)
-        except _Dropped:
-            pass
-        try:
-            return await self._send_once(data, count)
-        except _Dropped as dropped:
-            return [_not_sent(dropped.error)] * count
-
-    async def _send_once(self, data: bytes, count: int) -> list[object]:
         pool = self.client.connection_pool
         replies: list[object] = []
         if self._kept:
@@ -161,6 +155,7 @@ class RedisPipeline:
             except (RedisError, OSError) as exc:
                 return [_not_sent(exc)] * count
         keep = False
+        dropped: BaseException | None = None
         try:
             self.round_trips += 1
             # redis-py's own stream pair (private): the pool has connected it (handshake,
@@ -173,7 +168,8 @@ class RedisPipeline:
             timer = _Deadline(conn.socket_timeout)  # asyncio.timeout's job, cheaper per batch
             try:
                 writer.write(data)
-                await writer.drain()
+                if writer.transport.get_write_buffer_size():  # else drain has nothing to do
+                    await writer.drain()
                 while len(replies) < count:
                     chunk = await reader.read(1 << 16)
                     if not chunk:
@@ -190,7 +186,7 @@ class RedisPipeline:
                 timer.cancel()
             if len(replies) > count:  # more replies than requests: the stream is out of step
                 raise RedisError("more replies than commands")
-            if any(_readonly(reply) for reply in replies):
+            if not _all_lists(replies) and any(_readonly(reply) for reply in replies):
                 # a primary demoted to a replica (a failover): a Sentinel pool's next
                 # connection asks Sentinel for the new primary
                 await conn.disconnect()
@@ -201,8 +197,9 @@ class RedisPipeline:
             await conn.disconnect()  # replies may be half read: never reuse this connection
             await self.release_kept()  # likely as stale (a restart): the pool checks its own
             if not replies and _dropped(exc):
-                raise _Dropped(exc) from exc
-            return [_unavailable(exc)] * count
+                dropped = exc
+            else:
+                return [_unavailable(exc)] * count
         except BaseException:  # cancelled mid-batch: replies may be left unread on the stream
             await conn.disconnect()
             raise
@@ -211,7 +208,11 @@ class RedisPipeline:
                 self._kept.append(conn)
             else:
                 await pool.release(conn)
-        return replies
+        if dropped is None:
+            return replies
+        if retry:
+            return await self._send(data, count, retry=False)
+        return [_not_sent(dropped)] * count
 
     async def release_kept(self) -> None:
         """Give the kept connections back to the pool (which checks them before reuse)."""
@@ -268,14 +269,6 @@ class _Deadline:
             self.timer.cancel()
 
 
-class _Dropped(Exception):
-    """The connection was found closed before any reply was read: worth one retry."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 def _dropped(exc: BaseException) -> bool:
     """A closed or reset connection, not a timeout (a timed-out batch may have run)."""
     if isinstance(exc, RedisTimeoutError | TimeoutError):
@@ -285,6 +278,19 @@ def _dropped(exc: BaseException) -> bool:
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"redis pipeline failed: {type(exc).__name__}: {exc}")
+
+
+def _all_lists(replies: list[object]) -> bool:
+    """Every reply a script's array (the usual batch): no error to look for."""
+    return set(map(type, replies)) == _LIST
+
+
+_LIST = {list}
+
+
+def _missing(replies: list[object]) -> list[int]:
+    """Where the replies are ``NOSCRIPT`` errors."""
+    return [i for i, reply in enumerate(replies) if _noscript(reply)]
 
 
 def _readonly(reply: object) -> bool:
