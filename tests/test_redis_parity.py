@@ -121,3 +121,51 @@ def test_peek_writes_nothing_and_runs_on_a_replica(
     for algorithm in ("fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"):
         writer.peek("k", "5/minute", algorithm=algorithm)
     assert {k: primary_client.dump(k) for k in primary_client.scan_iter()} == before
+
+
+BIG_RATES = ["1000/minute", "150000/hour", "922340/day", "5/second; 1000000/hour"]
+"""Counts past 99 and up to the integer encoding's edge (922336): the values of 16 to 20
+digits the fixed window's Lua fast path reads apart, and the plain saves past its edge."""
+big_steps = st.builds(
+    Step,
+    advance_ms=st.one_of(st.just(0), st.integers(0, 2_000), st.sampled_from(ADVANCE_MS)),
+    key=st.sampled_from(KEYS[:3]),
+    cost=st.sampled_from([1, 7, 99, 100, 901, 12_345, 100_000, 400_000, 922_336]),
+    op=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund"]),
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    rate=st.sampled_from(BIG_RATES),
+    aligned=st.booleans(),
+    count_rejected=st.booleans(),
+    start=st.sampled_from(STARTS),
+    sequence=st.lists(big_steps, min_size=10, max_size=60),
+)
+def test_fixed_window_with_large_counts_decides_like_memory(
+    redis_backend: Backend,
+    rate: str,
+    aligned: bool,
+    count_rejected: bool,
+    start: float,
+    sequence: list[Step],
+) -> None:
+    redis_backend.flush()
+    clock = ManualClock(start)
+    memory = Limiter(MemoryStore(), clock=clock, fail_open=False)
+    remote = Limiter(redis_backend.store, clock=clock, fail_open=False)
+    options = {"aligned": aligned, "count_rejected": count_rejected}
+    for step in sequence:
+        clock.advance(step.advance_ms / 1000)
+        if step.op == "refund":
+            memory.refund(step.key, rate, cost=step.cost, **options)
+            remote.refund(step.key, rate, cost=step.cost, **options)
+            continue
+        want = getattr(memory, step.op)(step.key, rate, cost=step.cost, **options)
+        got = getattr(remote, step.op)(step.key, rate, cost=step.cost, **options)
+        assert got == want, (step, rate, options)

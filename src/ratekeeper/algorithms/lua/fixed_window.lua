@@ -36,30 +36,34 @@ local function split(v)
 end
 
 -- Fast path, the common case: one rate, a hit in a live window whose value is the integer
--- "<count><13-digit end>" below 10**15. Same decision as the general code below, without
--- creating its tables and closures (Redis CPU per decision matters most here).
+-- "<count><13-digit end>" (a count below 922336). Same decision as the general code below,
+-- without creating its tables and closures (Redis CPU per decision matters most here).
 if op == 'hit' and #KEYS == 1 then
   local raw = load(1)
   local n = raw and #raw or 0
-  if n > 13 and n <= 15 then
+  local used, ends
+  if n > 13 and n <= 15 then -- below 10**15 (< 2**53): split the number itself
     local v = tonumber(raw)
     if v then
-      local used, ends = split(v)
-      if ends > now then
-        local count = tonumber(ARGV[4])
-        if used + cost > count then
-          if count_rejected and used + cost < 922336 then
-            add(1, cost .. '0000000000000')
-          end
-          if not count_rejected or used + cost < 922336 then
-            return {0, math.max(0, count - used), ends, (cost <= count) and (ends - now) or -1}
-          end
-        end
-        if used + cost < 922336 then
-          add(1, cost .. '0000000000000')
-          return {1, math.max(0, count - used - cost), ends, 0}
-        end
+      used, ends = split(v)
+    end
+  elseif n > 15 and n <= 19 and not string.find(raw, ':', 1, true) then
+    -- beyond a double's exact range: the count and the end read apart, as decode does
+    used, ends = tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
+  end
+  if used and ends and ends > now then
+    local count = tonumber(ARGV[4])
+    if used + cost > count then
+      if count_rejected and used + cost < 922336 then
+        add(1, cost .. '0000000000000')
       end
+      if not count_rejected or used + cost < 922336 then
+        return {0, math.max(0, count - used), ends, (cost <= count) and (ends - now) or -1}
+      end
+    end
+    if used + cost < 922336 then
+      add(1, cost .. '0000000000000')
+      return {1, math.max(0, count - used - cost), ends, 0}
     end
   end
 end
