@@ -43,13 +43,20 @@ import hiredis
 import redis
 import redis.asyncio
 
-from benchmarks.bench_service import _duration_s, cpu_seconds
+from benchmarks.bench_service import cpu_seconds
 from ratekeeper import AsyncLimiter, RedisStore
 from ratekeeper.stores.redis_codec import script
 from tests.redis_servers import RedisServer
 
 TASKS = 64
 RATE = "1000000000/hour"
+
+
+def wrk_seconds(text: str) -> float:
+    """A wrk duration ("850.12us", "1.20ms", "5.00s", "1.00m") in seconds."""
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    assert m is not None, text
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,7 +110,7 @@ class Library:
         self.degraded += decision.degraded
 
     async def raw_one_each(self, t: int, i: int) -> None:
-        await self.client.execute_command(*self.command)
+        await self.client.execute_command(*self.command)  # type: ignore[no-untyped-call]  # untyped in redis-py
 
     async def raw_pipelined(self, n: int) -> list[float]:
         """One connection: ``TASKS`` commands written at once, their replies read, ``n`` times;
@@ -262,9 +269,9 @@ def wrk(port: int, seconds: int, script_path: str) -> tuple[int, float, float, f
         capture_output=True, text=True, check=True, timeout=seconds + 60,
     ).stdout  # fmt: skip
     n = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    elapsed = _duration_s(re.search(r"requests in ([\d.]+\w+),", out).group(1))  # type: ignore[union-attr]
-    p50 = _duration_s(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
-    p99 = _duration_s(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
+    elapsed = wrk_seconds(re.search(r"requests in ([\d.]+\w+),", out).group(1))  # type: ignore[union-attr]
+    p50 = wrk_seconds(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
+    p99 = wrk_seconds(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)) * 1000  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = (int(bad.group(1)) if bad else 0) + sum(
         int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out)

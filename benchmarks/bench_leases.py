@@ -7,7 +7,7 @@ acquire+release pairs per second, p50/p99 of one acquire, how many acquires were
 (429), and the most leases the clients held at once (must never exceed ``--capacity``).
 Figures are noisy on a shared machine; compare rows of one run, not runs.
 
-    python benchmarks/bench_leases.py --clients 32 --capacity 8 --requests 20000 --seconds 5
+    python -m benchmarks.bench_leases --clients 32 --capacity 8 --requests 20000 --seconds 5
 """
 
 from __future__ import annotations
@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
+import shutil
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_service import Redis, Service, pct
+from benchmarks.bench_service import Redis, Server
 
 POLICY = "policies:\n  slots:\n    kind: concurrency\n    capacity: {capacity}\n"
 
@@ -39,6 +44,12 @@ async def post(
     m = re.search(rb"content-length: (\d+)", head, re.I)
     assert m is not None, head
     return int(head[9:12]), json.loads(await reader.readexactly(int(m.group(1))))
+
+
+def pct(seconds: list[float], p: float) -> float:
+    """The ``p`` quantile of latencies in seconds, in milliseconds."""
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000 if ordered else math.nan
 
 
 async def run(port: int, clients: int, requests: int, seconds: float) -> dict[str, float]:
@@ -94,13 +105,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per store")
     args = parser.parse_args()
     policy = POLICY.format(capacity=args.capacity)
-    redis_server = Redis()
+    work = Path(tempfile.mkdtemp(prefix="rk-leases-"))
+    redis_server = Redis(work)
+    serve = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0", "--grpc-port", "0"]
     try:
         for name, config in (
             ("memory", "store: memory\n" + policy),
             ("redis", f"store:\n  url: {redis_server.url}\n  socket_timeout: 1\n" + policy),
         ):
-            service = Service(config)
+            (work / f"{name}.yaml").write_text(config)
+            service = Server(name, [*serve, "--config", f"{name}.yaml"], work)
             try:
                 r = asyncio.run(run(service.port, args.clients, args.requests, args.seconds))
             finally:
@@ -116,6 +130,7 @@ def main() -> None:
                 raise SystemExit(f"{name}: {r['peak']:.0f} leases held at once > capacity")
     finally:
         redis_server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -86,10 +86,10 @@ def slowapi_decorator(headers: bool) -> Variant:
         limiter = SlowLimiter(key_func=get_remote_address, headers_enabled=headers)
         app = FastAPI()
         app.state.limiter = limiter
-        app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]  # slowapi's documented handler
+        app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type, unused-ignore]  # slowapi's handler (unused: slowapi not installed)
 
         @app.get("/items")
-        @limiter.limit(RULE)
+        @limiter.limit(RULE)  # type: ignore[untyped-decorator, unused-ignore]  # slowapi: untyped
         async def items(request: Request, response: Response) -> dict[str, bool]:
             return {"ok": True}
 

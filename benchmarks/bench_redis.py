@@ -164,7 +164,7 @@ def raw_evalsha(client: redis.Redis, algorithm: str, rate: str, keys: int) -> Ca
         for i in range(keys)
     ]
     raw = redis.Redis(port=client.connection_pool.connection_kwargs["port"])
-    run = raw.execute_command
+    run: Callable[..., Any] = raw.execute_command
     now = time.time
     op, cost, args = tail[0], tail[2], tail[3:]
     assert op == "hit"
@@ -336,7 +336,7 @@ def fill(
     clock: ManualClock | None = None,
 ) -> float:
     """Bytes of used_memory per key after one hit on each of ``keys`` keys."""
-    before = client.info("memory")["used_memory"]
+    before: int = client.info("memory")["used_memory"]
     if name == "ratekeeper":
         limiter = Limiter(RedisStore(client=client), clock=clock or time.time, fail_open=False)
         codec = Codec(layout=layout)
@@ -344,14 +344,15 @@ def fill(
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(keys, start + 1000)):
                 plan = limiter._core.plan("hit", f"user:{i}", rate, algorithm, 1, None, None)
-                pipe.execute_command(*fallback(codec.command(plan)))
+                pipe.execute_command(*fallback(codec.command(plan)))  # type: ignore[no-untyped-call]  # untyped in redis-py
             pipe.execute()
     else:
         run = PEERS[name](client, algorithm, MEMORY_RATE, keys)
         assert run is not None
         for i in range(keys):
             run(i)
-    return (client.info("memory")["used_memory"] - before) / keys
+    used: int = client.info("memory")["used_memory"]
+    return (used - before) / keys
 
 
 def part_c(keys: int) -> None:
@@ -475,7 +476,7 @@ def part_e(keys: int, rounds: int, hits: int) -> None:
                     for start in range(0, hits, 500):
                         pipe = client.pipeline(transaction=False)
                         for command in commands[start : start + 500]:
-                            pipe.execute_command(*command)
+                            pipe.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
                         pipe.execute()
                     stats = client.info("commandstats")["cmdstat_evalsha"]
                     usec[name][r] = stats["usec"] / stats["calls"]

@@ -233,7 +233,7 @@ def check_answers(server: Server) -> None:
     body = httpx.post(f"http://127.0.0.1:{server.port}/v1/hit", json=HIT, timeout=10).json()
     assert body["allowed"] is True, body
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        stub = pb_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.RateLimitServiceStub(channel)
         answer = stub.ShouldRateLimit(pb.RateLimitRequest.FromString(grpc_request()), timeout=10)
         assert answer.overall_code == pb.RateLimitResponse.OK, answer
 

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -60,22 +61,23 @@ async def drive(path: str, calls: int, config: Path) -> None:
             threads.should_rate_limit(bytes(raw), context)
         return
     body = b'{"policy":"bench","key":"user:42"}'
-    scope = {
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"34")]
+    scope: dict[str, Any] = {
         "type": "http", "path": "/v1/hit", "method": "POST",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"34")],
+        "headers": headers,
     }  # fmt: skip
     message = {"type": "http.request", "body": body, "more_body": False}
 
     async def receive() -> dict[str, Any]:
         return message
 
-    async def send(_: dict[str, Any]) -> None:
+    async def send(_: MutableMapping[str, Any]) -> None:
         return None
 
     if path == "http-inline":  # what the HTTP protocol asks of the app (http_inline)
         decide_now = service.api.decide_now
         for _ in range(calls):
-            decide_now("/v1/hit", scope["headers"], body, True)
+            decide_now("/v1/hit", headers, body, True)
         return
     for _ in range(calls):
         await service.api(scope, receive, send)

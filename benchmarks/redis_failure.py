@@ -66,7 +66,7 @@ def owner(cluster: rs.RedisCluster, key: str) -> rs.RedisServer:
     """The node serving ``key``'s slot."""
     client = cluster.nodes[0].client()
     slot = client.cluster("keyslot", key)
-    for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+    for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):  # type: ignore[no-untyped-call]  # untyped in redis-py
         if start <= slot <= end:
             return next(n for n in cluster.nodes if n.port == int(primary[1]))
     raise RuntimeError(f"slot {slot} is not served")

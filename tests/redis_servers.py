@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -149,7 +150,7 @@ def start_replica(primary: RedisServer, timeout: float = 10.0) -> RedisServer:
 
 def wait_replicated(primary: RedisServer, timeout: float = 5.0) -> None:
     """Block until every replica has acknowledged the primary's writes so far."""
-    primary.client().execute_command("WAIT", 1, int(timeout * 1000))
+    primary.client().execute_command("WAIT", 1, int(timeout * 1000))  # type: ignore[no-untyped-call]  # untyped in redis-py
 
 
 class RedisCluster:
@@ -265,7 +266,10 @@ class SentinelGroup:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                states = [s.client().sentinel_master(self.service) for s in self.sentinels]
+                states: list[dict[str, Any]] = [
+                    s.client().sentinel_master(self.service)  # type: ignore[misc]  # a dict here
+                    for s in self.sentinels
+                ]
                 if all(
                     int(st["num-other-sentinels"]) == 2 and int(st["num-slaves"]) == replicas
                     for st in states
@@ -285,7 +289,8 @@ class SentinelGroup:
         """The primary's port as the first Sentinel that answers names it."""
         for sentinel in self.sentinels:
             try:
-                _host, port = sentinel.client().sentinel_get_master_addr_by_name(self.service)
+                addr: Any = sentinel.client().sentinel_get_master_addr_by_name(self.service)
+                _host, port = addr
                 return int(port)
             except (redis.RedisError, TypeError):
                 continue
@@ -302,10 +307,11 @@ class SentinelGroup:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                ports = {
-                    int(s.client().sentinel_get_master_addr_by_name(self.service)[1])
+                addrs: list[Any] = [
+                    s.client().sentinel_get_master_addr_by_name(self.service)
                     for s in self.sentinels
-                }
+                ]
+                ports = {int(addr[1]) for addr in addrs}
             except (redis.RedisError, TypeError):
                 ports = set()
             if len(ports) == 1 and old_port not in ports:
