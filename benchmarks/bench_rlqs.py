@@ -3,7 +3,7 @@ classic one (the ``ratelimit`` filter calls ``ShouldRateLimit`` for every reques
 Rate Limit Quota Service (the ``rate_limit_quota`` filter enforces a token bucket itself and
 reports each bucket's usage every 5 s), both served by ``ratekeeper serve`` (memory store).
 
-1. Ceilings (closed loop): ``h2load`` over HTTP/1.1 (``--clients`` keep-alive connections)
+1. Ceilings (closed loop): ``h2load`` over HTTP/2 (``--clients`` streams on 4 connections)
    through one Envoy (``--concurrency 1``) whose limit admits 100 requests a second; the
    rest are answered 429. Classic: the service decides every request; RLQS: Envoy decides.
    Per path: requests/s through Envoy, the service's RPCs/s (decisions; for RLQS, report
@@ -15,7 +15,7 @@ reports each bucket's usage every 5 s), both served by ``ratekeeper serve`` (mem
    the bucket: ``h2load -i``), and simulated Envoys (protocol clients, reporting every
    bucket every 5 s as Envoy 1.40 does) in the hundreds: RPCs/s against Envoys x buckets / 5.
 
-    flock /tmp/rk-bench.lock python -m benchmarks.bench_rlqs --seconds 10
+    flock /tmp/rk-bench.lock python -m benchmarks.bench_rlqs
 
 The machine's load average is printed before and after: on a shared machine compare the
 figures of one run.
@@ -48,6 +48,7 @@ from tests.service.rlqs.envoys import QuotaEnvoy
 CONFIG = """\
 policies:
   quota: {rate: 100/second}
+  path: {rate: 5/second}
 domains:
   - domain: bench
     descriptors:
@@ -59,7 +60,12 @@ rlqs:
     - domain: edge
       bucket: {name: tenant, tenant: "*"}
       policy: quota
+    - domain: edge
+      bucket: {name: tenant, tenant: "/b*"}
+      policy: path
 """
+"""One bucket of 100/s per tenant header; a bucket of 5/s per request path (section 3: the
+upstream sees at most 5/s per bucket)."""
 REPORT_SECONDS = 5
 
 
@@ -90,30 +96,24 @@ def counters(server: Server) -> dict[str, float]:
 
 def h2load(port: int, seconds: float, clients: int, header: str | None,
            rps: float | None = None, paths: Path | None = None) -> float:  # fmt: skip
-    """Requests/s h2load completed through an Envoy (any status: 429s are answers too)."""
+    """Requests/s h2load completed through an Envoy over HTTP/2 (h2c; any status: 429s are
+    answers too): closed loop on ``clients`` streams (4 connections), or ``rps`` in all
+    (open loop, 8 connections)."""
     exe = shutil.which("h2load")
     if exe is None:
         raise SystemExit("h2load is not installed (Debian: apt-get install nghttp2-client)")
-    args = [exe, "--h1", "-c", str(clients), "-t", "1"]
+    args = [exe, "-t", "1"]
     if header:
         args += ["-H", header]
     if rps:
-        count = round(rps * seconds)
-        args += [
-            "-n",
-            str(count),
-            "-r",
-            str(math.ceil(clients / 10)),
-            "--rate-period",
-            "1ms",
-            f"--rps={rps / clients:.3f}",
-            "-m",
-            str(2 + math.ceil(rps / clients / 100)),
-        ]
+        conns = 8
+        args += ["-c", str(conns), "-m", str(2 + math.ceil(rps / conns / 100)),
+                 "-n", str(round(rps * seconds)), "-r", "1", "--rate-period", "1ms",
+                 f"--rps={rps / conns:.3f}"]  # fmt: skip
     else:
-        args += ["-D", str(max(1, round(seconds)))]
+        args += ["-c", "4", "-m", str(max(1, clients // 4)), "-D", str(max(1, round(seconds)))]
     args += ["-i", str(paths)] if paths else [f"http://127.0.0.1:{port}/"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=300).stdout
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600).stdout
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done", out)
     took = re.search(r"finished in ([\d.]+)s", out)
     if done is None or took is None:
@@ -148,24 +148,28 @@ def simulated(server: Server, envoys: int, buckets: int, seconds: float) -> Run:
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    before = counters(server)["reports"]
     for i, c in enumerate(clients):  # each bucket's first report, alone, as Envoy sends it
         for b in range(buckets):
             c.send("edge", ({"name": "tenant", "tenant": f"e{i}b{b}"}, 0, 1, 0))
-    time.sleep(2)
+    deadline = time.monotonic() + 120
+    while counters(server)["reports"] < before + envoys * buckets:  # all answered first
+        if time.monotonic() > deadline:
+            raise SystemExit("the service did not answer every first report in 2 minutes")
+        time.sleep(0.5)
+    time.sleep(1.5)  # more than hub.MIN_STEP_MS since the last first report
 
     def load() -> float:
         start = time.monotonic()
-        sent = 0
-        tick = 0
-        while time.monotonic() - start < seconds:
+        periods = max(1, round(seconds / REPORT_SECONDS))
+        for tick in range(periods):
             for i, c in enumerate(clients):  # client i reports at i/envoys of each period
                 due = start + REPORT_SECONDS * (tick + i / envoys)
                 time.sleep(max(0.0, due - time.monotonic()))
                 usages = [({"name": "tenant", "tenant": f"e{i}b{b}"}, 5, 100, 400)
                           for b in range(buckets)]  # fmt: skip
                 c.send("edge", *usages)
-                sent += 1
-            tick += 1
+        time.sleep(max(0.0, start + REPORT_SECONDS * periods - time.monotonic()))
         return 0.0
 
     try:
@@ -195,9 +199,23 @@ def paced(fleet: list[QuotaEnvoy], buckets: int, work: Path, seconds: float,
     return sum(rates)
 
 
+def warm(ports: list[int], headers: list[str | None], work: Path, buckets: int = 0) -> None:
+    """A second of load on each bucket, then a report period and a second: the buckets'
+    first reports (one message each) fall before what is measured next."""
+    for port in ports:
+        for header in headers:
+            if buckets:
+                file = work / f"paths{port}.txt"
+                file.write_text("".join(f"http://127.0.0.1:{port}/b{b}\n" for b in range(buckets)))
+                h2load(port, 1, 4, None, paths=file)
+            else:
+                h2load(port, 1, 4, header)
+    time.sleep(REPORT_SECONDS + 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--times", type=float, default=10.0)
     parser.add_argument("--envoys", type=int, default=2)
@@ -229,7 +247,7 @@ def report(server: Server, work: Path, made: list[QuotaEnvoy | EnvoyProxy],
     made.append(classic)
     quota = QuotaEnvoy(server.grpc_port, work, "quota")
     made.append(quota)
-    h2load(quota.port, 2, 4, "x-tenant:warm")  # the bucket's first report, its assignment
+    warm([quota.port], ["x-tenant:t1", "x-tenant:t2"], work)
     rows: list[tuple[str, Run]] = []
     port = classic.ports[0]
     rows.append(
@@ -250,9 +268,7 @@ def report(server: Server, work: Path, made: list[QuotaEnvoy | EnvoyProxy],
         fixed = partial(h2load, quota.port, seconds, clients, "x-tenant:t2", rate)
         rows.append((f"RLQS at {factor:g}x classic ({rate:,.0f}/s asked)",
                      measure(server, fixed, seconds)))  # fmt: skip
-    print(
-        f"\n1-2. one Envoy, {clients} connections, {seconds:g} s each (limit 100/s, the rest 429)\n"
-    )
+    print(f"\n1-2. one Envoy, {clients} streams, {seconds:g} s each (limit 100/s, the rest 429)\n")
     print(
         "| path | requests/s through Envoy | service RPCs/s | report messages/s | "
         "bucket reports/s | service CPU |"
@@ -266,19 +282,26 @@ def report(server: Server, work: Path, made: list[QuotaEnvoy | EnvoyProxy],
         )
     best = max(run.rps for name, run in rows if name.startswith("RLQS"))
     print(f"\nRLQS requests/s through Envoy: {best / ceiling:.1f}x the classic path's ceiling")
+    for envoy in made:  # section 3 counts only its own fleet's reports
+        envoy.stop()
+    made.clear()
 
     scale: list[tuple[str, float, Run]] = []
+    window = max(30.0, seconds)  # reports are 5 s apart: long windows count them well
     for count in sorted({1, args.envoys}):
         for buckets in sorted({1, args.buckets}):
             fleet = [QuotaEnvoy(server.grpc_port, work, f"s{count}x{buckets}_{i}", header=":path")
                      for i in range(count)]  # fmt: skip
             made.extend(fleet)
-            run = measure(server, partial(paced, fleet, buckets, work, seconds + 10, clients),
-                          seconds + 10)  # fmt: skip
+            warm([e.port for e in fleet], [None], work, buckets)
+            run = measure(server, partial(paced, fleet, buckets, work, window, clients), window)
+            for envoy in fleet:
+                envoy.stop()
+                made.remove(envoy)
             scale.append((f"{count} Envoy(s) x {buckets} bucket(s)", count * buckets / 5, run))
     for n in args.simulated:
         for buckets in (1, 10):
-            run = simulated(server, n, buckets, max(seconds, 10))
+            run = simulated(server, n, buckets, window)
             scale.append((f"{n} simulated Envoys x {buckets} bucket(s)", n * buckets / 5, run))
     print(
         "\n3. Envoys x buckets (real Envoys under closed-loop load; simulated Envoys: "

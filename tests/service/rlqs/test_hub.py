@@ -17,6 +17,7 @@ from ratekeeper.service.metrics import Metrics
 from ratekeeper.service.rlqs.allocator import Grant, Step
 from ratekeeper.service.rlqs.hub import Action, Quotas, Stream, Usage, fill_seconds, token_bucket
 from ratekeeper.service.rlqs.state import MemoryQuotaState, QuotaState
+from ratekeeper.service.rlqs.stats import MAX_LABELS, OTHER
 
 T = TypeVar("T")
 CONFIG = """\
@@ -344,3 +345,17 @@ def test_a_bucket_listed_twice_in_a_report_is_answered_once() -> None:
     quotas = make()
     actions = run(Envoy(quotas).report(usage(), usage(0, 5, 0)))
     assert len(actions) == 1
+
+
+def test_bucket_labels_are_bounded() -> None:
+    """Bucket ids come from request headers: past ``MAX_LABELS`` buckets, metrics sum the
+    rest under ``<other>``."""
+    quotas = make()
+    envoy = Envoy(quotas)
+    for i in range(MAX_LABELS + 50):
+        run(envoy.report(usage(entries=(("name", "tenant"), ("tenant", f"t{i}")))))
+    rows = quotas.stats.rows()
+    assert len(rows) == MAX_LABELS + 1 and rows[0].bucket == OTHER
+    assert rows[0].streams == 50
+    text = quotas.engine.metrics.exposition().decode()
+    assert text.count("ratekeeper_rlqs_limit_rate{") == MAX_LABELS + 1

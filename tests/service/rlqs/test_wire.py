@@ -141,6 +141,8 @@ def test_the_block_toggle_reaches_every_stream_within_a_second(
         toggle(service, block=True)
         arrivals = [c.next_at(2) for c in streams]
         assert all(kind(r.bucket_action[0]) == "DENY_ALL" for _, r in arrivals)
+        for i, (_, r) in enumerate(arrivals):  # each stream is sent only what it reported
+            assert [dict(a.bucket_id.bucket)["tenant"] for a in r.bucket_action] == [f"kill{i}"]
         assert max(t for t, _ in arrivals) - start < 1.0
         toggle(service, block=False, shadow=True)
         assert all(kind(c.next(2).bucket_action[0]) == "ALLOW_ALL" for c in streams)
