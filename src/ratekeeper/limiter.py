@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .algorithms import Outcome
 from .breaker import Breaker
@@ -36,6 +36,8 @@ from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
 from .metrics.core import Metrics
+from .nested import Level, NestedDecision
+from .nested_core import DEFAULT_TTL, NestedCall, NestedCore
 from .plan import (
     Op,
     Plan,
@@ -49,6 +51,7 @@ from .plan import (
     make_policy,
 )
 from .rates import Rate
+from .reservations import Reservation, Settlement
 from .stores.base import (
     AsyncPingable,
     AsyncStore,
@@ -62,6 +65,7 @@ from .stores.memory import MemoryStore
 
 RateSpec = str | Rate | Sequence[Rate]
 log = logging.getLogger("ratekeeper")
+T = TypeVar("T")
 
 
 class _Core:
@@ -174,6 +178,19 @@ class _Core:
         count_rejected: bool = False,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
+        policy = self.policy(rate, algorithm, burst, buckets, aligned, count_rejected)
+        return self.plan_of(op, key, policy, cost)
+
+    def policy(
+        self,
+        rate: RateSpec,
+        algorithm: str,
+        burst: int | None,
+        buckets: int | None,
+        aligned: bool = False,
+        count_rejected: bool = False,
+    ) -> Policy:
+        """The validated policy of a call's rates and options, cached per spelling."""
         cache_key = _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
         try:
             policy = self._policies.get(cache_key)
@@ -186,7 +203,7 @@ class _Core:
                     self._policies[cache_key] = policy
                     if len(policy.limits) == 1:
                         self._singles[cache_key] = policy
-        return self.plan_of(op, key, policy, cost)
+        return policy
 
     def plan_of(self, op: Op, key: str, policy: Policy, cost: int) -> Plan:
         """``plan`` for a policy already made by ``make_policy`` (key and cost still checked)."""
@@ -210,7 +227,10 @@ class _Core:
 
     def breaker(self, plan: Plan) -> Breaker:
         """The breaker guarding ``plan``'s partition (``only``, for most stores)."""
-        part = 0 if self.partition is None else self.partition(plan)
+        return self.breaker_of(0 if self.partition is None else self.partition(plan))
+
+    def breaker_of(self, part: int) -> Breaker:
+        """The breaker of store partition ``part`` (made on first use)."""
         breaker = self._breakers.get(part)
         if breaker is None:
             breaker = self._breakers.setdefault(part, Breaker(*self._breaker_settings))
@@ -228,6 +248,17 @@ class _Core:
     ) -> Decision | None:
         """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy;
         ``start`` is when the failed store call began (perf_counter; with metrics)."""
+        self.note_failure(exc, breaker, start)
+        if plan.op in ("refund", "reset"):
+            return None
+        self.counts["degraded"] += 1
+        return degraded(plan)
+
+    def note_failure(
+        self, exc: BaseException | None, breaker: Breaker | None, start: float = 0.0
+    ) -> None:
+        """Count and log a store failure (``exc``; None: a breaker skip) and tell its breaker;
+        raise ``StoreUnavailable`` when failing closed (else the caller answers degraded)."""
         if exc is not None:
             self.counts["store_errors"] += 1
             if self.metrics is not None:
@@ -247,10 +278,6 @@ class _Core:
             if exc is None:
                 raise StoreUnavailable("store unavailable (circuit breaker open)")
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        if plan.op in ("refund", "reset"):
-            return None
-        self.counts["degraded"] += 1
-        return degraded(plan)
 
     def succeeded(self, breaker: Breaker, start: float) -> None:
         """A store call that answered: timed (``start``: when it began, perf_counter; with
@@ -389,6 +416,7 @@ class Limiter(_Base):
         self.store = store
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+        self._nesting = NestedCore(self._core, store)
 
     def check(self) -> None:
         """Check the store answers — at startup: building a Redis store connects to nothing,
@@ -513,6 +541,37 @@ class Limiter(_Base):
             )
         )
 
+    def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
+        """Decide several levels (outermost first: org, user, key) in one atomic store call:
+        each level charged ``cost`` (or its own) only if every level admits (``nested``)."""
+        return self._nested(self._nesting.decide(levels, cost))
+
+    def reserve(
+        self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL
+    ) -> Reservation:
+        """Admit ``estimate`` units on the levels, to ``settle`` with the actual cost later
+        (or ``cancel``); given back by the store if neither comes within ``ttl`` seconds."""
+        return self._nested(self._nesting.reserve(levels, estimate, ttl))
+
+    def settle(self, reservation: Reservation, actual: int) -> Settlement:
+        """Charge what ``reservation`` really cost: the difference from its estimate is given
+        back, or charged now (into a bounded debt); once per reservation (``reservations``)."""
+        return self._nested(self._nesting.settle(reservation, "settle", actual))
+
+    def cancel(self, reservation: Reservation) -> Settlement:
+        """Give ``reservation``'s whole estimate back (the work never ran)."""
+        return self._nested(self._nesting.settle(reservation, "cancel"))
+
+    def _nested(self, call: NestedCall[T]) -> T:
+        store = self._nesting.sync_store()
+        if not call.admitted():
+            return call.finish(None)
+        try:
+            reply = store.execute_nested(call.plan)
+        except Exception as exc:
+            return call.finish(exc)
+        return call.finish(reply)
+
 
 class Pending:
     """A decision on its way from a batching store (``AsyncLimiter.decide_soon``): when
@@ -571,6 +630,7 @@ class AsyncLimiter(_Base):
         self._queue = store.execute_soon if isinstance(store, QueuingStore) else None
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+        self._nesting = NestedCore(self._core, store)
 
     async def check(self) -> None:
         """See ``Limiter.check``."""
@@ -709,3 +769,31 @@ class AsyncLimiter(_Base):
                 "reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected
             )
         )
+
+    async def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
+        """See ``Limiter.nested``."""
+        return await self._nested(self._nesting.decide(levels, cost))
+
+    async def reserve(
+        self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL
+    ) -> Reservation:
+        """See ``Limiter.reserve``."""
+        return await self._nested(self._nesting.reserve(levels, estimate, ttl))
+
+    async def settle(self, reservation: Reservation, actual: int) -> Settlement:
+        """See ``Limiter.settle``."""
+        return await self._nested(self._nesting.settle(reservation, "settle", actual))
+
+    async def cancel(self, reservation: Reservation) -> Settlement:
+        """See ``Limiter.cancel``."""
+        return await self._nested(self._nesting.settle(reservation, "cancel"))
+
+    async def _nested(self, call: NestedCall[T]) -> T:
+        store = self._nesting.async_store()
+        if not call.admitted():
+            return call.finish(None)
+        try:
+            reply = await store.execute_nested_async(call.plan)
+        except Exception as exc:
+            return call.finish(exc)
+        return call.finish(reply)

@@ -74,7 +74,8 @@ def step(
     reset = since - (-(full - scaled) // count)
     wait = since - now_ms - (-(need - scaled) // count)
     retry = INF if cost > limit.capacity else wait
-    return new_outcome((False, scaled // period, reset, retry)), state
+    # a settled reservation may leave the bucket in debt (scaled < 0): nothing remains
+    return new_outcome((False, scaled // period if scaled > 0 else 0, reset, retry)), state
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
@@ -90,3 +91,32 @@ def expires_ms(state: State, limit: Limit) -> int:
     scaled, updated = state
     # ceil_div, inlined: runs on every admitted hit
     return updated - (-(limit.capacity * limit.period_ms - scaled) // limit.count)
+
+
+def check_debt(limit: Limit, debt: int) -> None:
+    """The bucket may go down to ``-debt`` tokens: keep ``(burst + debt) x period`` exact."""
+    check_exact((limit.capacity + debt) * limit.period_ms, f"burst + debt {debt}", NAME)
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation settled ``delta`` units from its estimate: tokens are alike, so a
+    negative ``delta`` is a refund now (never above ``burst``) and a positive one takes tokens
+    now, down to ``-debt`` (a debt the refill pays back before the next request passes).
+    Neither mark is needed. Returns ``state`` itself when nothing changes."""
+    if delta < 0:
+        return state if state is None else refund(state, limit, now_ms, -delta)
+    scaled, updated = _level(state, limit, now_ms)
+    period = limit.period_ms
+    floor = -debt * period
+    new = scaled - delta * period
+    if new < floor:
+        new = floor if scaled > floor else scaled
+    return (new, updated) if new != scaled else state

@@ -28,6 +28,10 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
 - **Batching**: async calls (plans and leases) in flight together ride in one pipeline per
   cluster primary (``cluster_batching.ClusterBatcher``), when the store is built from a URL;
   ``batching=None`` sends each through the cluster client. Sync calls are never batched.
+- **Nested calls** (``NestedStore``) carry the outermost level's hash tag on every key
+  (``nested_codec``): one slot, one script. An inner level's counter lives under that tag,
+  so it belongs to the outer key (``user:42`` under two orgs is two counters, as on every
+  store).
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder) are ``redis_leases`` over the same cluster clients and prefix: a caller key's lease
   set carries its hash tag, so the cluster client sends each script call to the slot's
@@ -48,10 +52,12 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
 from .layout import CompactLayout
+from .nested_codec import nested_command, nested_reply
 from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
@@ -218,7 +224,46 @@ class RedisClusterStore:
                 return await self._direct_leases.run(call)
             except _ERRORS as exc:
                 raise _lease_unavailable(exc) from exc
+        if type(call) is NestedPlan:
+            return await self._nested_async(call)
+        assert isinstance(call, Plan)
         return await self._execute_async(call)
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan with one script call on its slot's primary (``NestedStore``)."""
+        command = nested_command(self.codec, plan)
+        try:
+            client = self._sync_client()
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the asyncio cluster client (batched per
+        primary when batching)."""
+        if self.batcher is not None:
+            result: NestedReply = await self.batcher.submit(plan)
+            return result
+        return await self._nested_async(plan)
+
+    async def _nested_async(self, plan: NestedPlan) -> NestedReply:
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        command = nested_command(self.codec, plan)
+        try:
+            await self._ready(client)
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
 
     async def _execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         client = self.async_client
@@ -317,6 +362,13 @@ class RedisClusterStore:
 def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(
         f"redis cluster could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _nested_unavailable(plan: NestedPlan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis cluster could not run nested {plan.op} of {len(plan.levels)} levels: "
         f"{type(exc).__name__}: {exc}"
     )
 

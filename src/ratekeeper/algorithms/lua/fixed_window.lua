@@ -3,7 +3,7 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save/add (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund" | "settle"), now_ms, cost,
 --          then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
 --          now - now % period), 2 count_rejected (a rejected hit is charged too; the stack's
 --          rates share the options, so ARGV[6] tells for all).
@@ -15,7 +15,7 @@
 --          cost x 10**13 in place, which keeps both the integer encoding and that TTL; a refund
 --          saves the value again.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund and settle: an empty array. peek never writes (EVALSHA_RO).
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local flags = tonumber(ARGV[6])
@@ -122,6 +122,32 @@ local function change(i, raw, used, delta, ends)
   else
     writes[i] = {'save', encode(used + delta, ends), ttl(ends)}
   end
+end
+
+-- settle (a reservation's actual cost: nested.lua; fixed_window.settle): cost is the delta,
+-- and ARGV after the rates holds since_ms (unused), debt and the end of the window the
+-- reservation was counted in (its charge's reset_ms)
+if op == 'settle' then
+  local debt, charged = tonumber(ARGV[3 * #KEYS + 5]), tonumber(ARGV[3 * #KEYS + 6])
+  for i = 1, #KEYS do
+    local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    local used, ends = decode(load(i))
+    local live = used and ends > now
+    if cost < 0 then -- back to the reservation's window, while it is the live one
+      if live and ends == charged then
+        save(i, encode(math.max(0, used + cost), ends), ttl(ends))
+      end
+    else -- an extra: into the live window, past the limit up to count + debt
+      if not live then
+        used, ends = 0, (aligned and (now - now % period) or now) + period
+      end
+      local add = math.min(cost, math.max(0, count + debt - used))
+      if add > 0 then
+        save(i, encode(used + add, ends), ttl(ends))
+      end
+    end
+  end
+  return {}
 end
 
 for i = 1, #KEYS do

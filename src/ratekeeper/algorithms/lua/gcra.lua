@@ -3,14 +3,14 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund" | "settle"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (how many may pass at one instant).
 -- Value    tat_us, the theoretical arrival time in epoch microseconds, as a decimal integer
 --          (Redis stores it as an integer). T = ceil(period_ms * 1000 / count) us per unit.
 -- Expiry   the state means nothing once now passes tat; every save asks for a relative TTL of
 --          ceil(tat_us / 1000) - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund and settle: an empty array. peek never writes (EVALSHA_RO).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
 --          idiv corrects the rounding of a / b so floor division is exact too.
 
@@ -23,6 +23,44 @@ local now_us = now * 1000
 stale = function(i, raw)
   local tat = tonumber(raw)
   return not tat or tat <= now_us
+end
+
+-- settle (a reservation's actual cost: nested.lua; gcra.settle): cost is the delta; ARGV
+-- after the rates holds since_ms, debt and the charge's reset_ms (units are alike: only debt
+-- is used). A refund moves tat back (never before now); an extra moves it on, up to
+-- now + (burst + debt) x T.
+if op == 'settle' then
+  local debt = tonumber(ARGV[3 * #KEYS + 5])
+  for i = 1, #KEYS do
+    local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+      tonumber(ARGV[3 * i + 3])
+    local t = ceil_div(period * 1000, count)
+    local stored = tonumber(load(i))
+    local new = nil
+    if cost < 0 then
+      if stored then
+        new = math.max(now_us, stored + cost * t)
+      end
+    else
+      local tat = now_us
+      if stored and stored >= now_us then
+        tat = stored
+      end
+      local cap = now_us + (burst + debt) * t
+      new = tat + cost * t
+      if new > cap then
+        new = (tat < cap) and cap or tat
+      end
+      if new == tat then
+        new = nil
+      end
+    end
+    if new then
+      save(i, string.format('%d', new),
+        string.format('%d', math.max(1000, ceil_div(new, 1000) - now + 1000)))
+    end
+  end
+  return {}
 end
 
 local reply, writes, all_allowed = {}, {}, true

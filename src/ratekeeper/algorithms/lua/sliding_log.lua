@@ -1,7 +1,7 @@
 -- sliding_log: the Lua twin of algorithms/sliding_log.py (the exact sliding window).
 --
 -- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund" | "settle"), now_ms, cost,
 --          then per rate i: count, period_ms, extra (unused: 0).
 -- Value    a Redis list of admission times in epoch ms, oldest first, one element per admitted
 --          unit (cost n = n equal elements); Redis packs them as integers (~10 bytes each).
@@ -10,7 +10,7 @@
 -- Expiry   the newest element leaves the window at last + period_ms; every write sets a
 --          relative PEXPIRE of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund and settle: an empty array. peek never writes (EVALSHA_RO).
 -- Cost     O(log n) LINDEX probes to find the expired head, O(cost) to append.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -74,6 +74,32 @@ local function expire(key, period)
   if last then
     redis.call('PEXPIRE', key, string.format('%d', math.max(1000, last + period - now + 1000)))
   end
+end
+
+-- settle (a reservation's actual cost: nested.lua; sliding_log.settle): cost is the delta;
+-- ARGV after the rates holds since_ms, debt and the charge's reset_ms (unused). A refund
+-- removes up to -delta entries stamped since_ms while they are in the window; an extra
+-- appends entries at now, up to count + debt in the window.
+if op == 'settle' then
+  local since, debt = ARGV[3 * #KEYS + 4], tonumber(ARGV[3 * #KEYS + 5])
+  for i = 1, #KEYS do
+    local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    local key = KEYS[i]
+    if cost < 0 then
+      if tonumber(since) > now - period and redis.call('LREM', key, -cost, since) > 0 then
+        expire(key, period)
+      end
+    else
+      local len = redis.call('LLEN', key)
+      local live = len - expired(key, len, now - period)
+      local take = math.min(cost, math.max(0, count + debt - live))
+      if take > 0 then
+        add(key, take)
+        expire(key, period)
+      end
+    end
+  end
+  return {}
 end
 
 local reply, all_allowed, old = {}, true, {}

@@ -3,7 +3,7 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund" | "settle"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (the bucket's capacity).
 -- State    (scaled, updated_ms): tokens x period_ms, and when they were counted. scaled is
 --          always a multiple of g = gcd(count, period_ms), so scaled / g is stored.
@@ -13,7 +13,7 @@
 -- Expiry   a bucket is full again at updated_ms + ceil((burst*period_ms - scaled) / count); every
 --          save asks for a relative TTL of that - now_ms + 1000 (a missing key = a full bucket).
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund and settle: an empty array. peek never writes (EVALSHA_RO).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
 --          idiv corrects the rounding of a / b so floor division is exact too.
 
@@ -81,6 +81,47 @@ local function level(scaled, updated, full, count)
   return math.min(full, scaled + elapsed * count), now
 end
 
+-- settle (a reservation's actual cost: nested.lua; token_bucket.settle): cost is the delta;
+-- ARGV after the rates holds since_ms, debt and the charge's reset_ms (tokens are alike: only
+-- debt is used). A refund puts tokens back (never above burst); an extra takes them, down to
+-- -debt.
+if op == 'settle' then
+  local debt = tonumber(ARGV[3 * #KEYS + 5])
+  for i = 1, #KEYS do
+    local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+      tonumber(ARGV[3 * i + 3])
+    local g = gcd(count, period)
+    local full = burst * period
+    local stored, updated = decode(load(i))
+    if stored then
+      stored = stored * g
+    end
+    local scaled, new = nil, nil
+    if cost < 0 then
+      if stored then
+        scaled, updated = level(stored, updated, full, count)
+        new = math.min(full, scaled - cost * period)
+      end
+    else
+      scaled, updated = level(stored, updated, full, count)
+      local floor = -debt * period
+      new = scaled - cost * period
+      if new < floor then
+        new = (scaled > floor) and floor or scaled
+      end
+      if new == scaled then
+        new = nil
+      end
+    end
+    if new then
+      local expires = updated + ceil_div(full - new, count)
+      save(i, encode(idiv(new, g), updated),
+        string.format('%d', math.max(1000, expires - now + 1000)))
+    end
+  end
+  return {}
+end
+
 local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
@@ -119,7 +160,7 @@ for i = 1, #KEYS do
     end
     local n = #reply
     reply[n + 1] = allowed and 1 or 0
-    reply[n + 2] = idiv(scaled, period)
+    reply[n + 2] = math.max(0, idiv(scaled, period)) -- a settled debt leaves scaled < 0
     reply[n + 3] = since + ceil_div(full - scaled, count)
     reply[n + 4] = retry
   end
