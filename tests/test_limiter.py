@@ -42,7 +42,7 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
         assert inspect.iscoroutinefunction(aio[name]) == (
             name
             in {"hit", "peek", "refund", "reset", "check", "decide"}
-            | {"nested", "reserve", "settle", "cancel"}
+            | {"nested", "refund_nested", "reserve", "settle", "cancel"}
         )
         assert not inspect.iscoroutinefunction(member)
     init_a = inspect.signature(Limiter.__init__).parameters

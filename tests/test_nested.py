@@ -281,3 +281,13 @@ def test_a_flushed_script_cache_costs_nothing_but_a_resend(redis_url: str) -> No
     assert sync.stats()["store_errors"] == 0
     store.close()
     client.close()
+
+
+def test_refund_nested_gives_each_levels_cost_back(limiter: Limiter) -> None:
+    levels = [Level("org", "10/minute"), Level("u", "5/minute"), Level("k", "9/h", cost=2)]
+    limiter.nested(levels, cost=3)
+    limiter.refund_nested(levels, cost=3)
+    probe = [replace(lv, cost=0) for lv in levels]
+    assert [d.remaining for d in limiter.nested(probe, cost=0).levels] == [10, 5, 9]
+    limiter.refund_nested(levels, cost=3)  # never above full
+    assert [d.remaining for d in limiter.nested(probe, cost=0).levels] == [10, 5, 9]

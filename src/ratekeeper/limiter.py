@@ -546,6 +546,11 @@ class Limiter(_Base):
         each level charged ``cost`` (or its own) only if every level admits (``nested``)."""
         return self._nested(self._nesting.decide(levels, cost))
 
+    def refund_nested(self, levels: Sequence[Level], *, cost: int = 1) -> None:
+        """Give back what ``nested(levels, cost=cost)`` charged (e.g. for a 304): each level's
+        cost, never below empty or above full, in one store call."""
+        self._nested(self._nesting.refund(levels, cost))
+
     def reserve(
         self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL
     ) -> Reservation:
@@ -773,6 +778,10 @@ class AsyncLimiter(_Base):
     async def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
         """See ``Limiter.nested``."""
         return await self._nested(self._nesting.decide(levels, cost))
+
+    async def refund_nested(self, levels: Sequence[Level], *, cost: int = 1) -> None:
+        """See ``Limiter.refund_nested``."""
+        await self._nested(self._nesting.refund(levels, cost))
 
     async def reserve(
         self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL

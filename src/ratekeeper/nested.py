@@ -50,14 +50,14 @@ from .plan import Policy, check_key, decide, degraded, make_plan
 from .rates import Rate
 
 RateSpec = str | Rate | Sequence[Rate]
-NestedOp = Literal["hit", "peek", "reserve", "settle", "cancel"]
+NestedOp = Literal["hit", "peek", "refund", "reserve", "settle", "cancel"]
 MAX_LEVELS = 16
 """More levels than any hierarchy needs; a call's size (and its script's time) stays bounded."""
 MAX_DEBT = 10**12
 
 NestedReply = tuple[int, tuple[tuple[Outcome, ...], ...]]
 """A store's answer: for hit/peek/reserve, allowed (1/0) and each level's outcomes; for
-settle/cancel, a status (``reservations.STATUSES``) and no outcomes."""
+settle/cancel, a status (``reservations.STATUSES``) and no outcomes; for refund, (1, ())."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +279,10 @@ class NestedDecision:
         """When the deciding level is fully reset or refilled (epoch seconds)."""
         return self.decision.reset_at
 
-    def headers(self, policy: str | None = None) -> dict[str, str]:
-        """The deciding level's headers, named by the level's ``name`` (else ``policy``)."""
-        return self.decision.headers(self.names[self.level] or policy)
+    def headers(self, policy: str | None = None, unit: str | None = None) -> dict[str, str]:
+        """The deciding level's headers, named by the level's ``name`` (else ``policy``), in
+        quota ``unit`` when not requests (``Decision.headers``)."""
+        return self.decision.headers(self.names[self.level] or policy, unit)
 
 
 def decide_nested(

@@ -154,6 +154,13 @@ class NestedCore:
             lambda: self._counted(degraded_nested(plan)),
         )
 
+    def refund(self, levels: object, cost: int) -> NestedCall[None]:
+        """Each level's cost given back (a nested hit the request turned out not to owe)."""
+        check_cost(cost)
+        tiers = self.levels(levels, cost)
+        plan = NestedPlan("refund", tiers[0].key, tiers, self.now_ms())
+        return self._call(plan, lambda reply: None, lambda: None)
+
     def _decided(self, plan: NestedPlan, reply: NestedReply) -> NestedDecision:
         return self._counted(decide_nested(plan, reply[0] == 1, reply[1]))
 

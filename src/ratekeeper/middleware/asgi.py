@@ -10,6 +10,12 @@ cancellation on asyncio, so the release itself is not cancelled).
 Cancelled during admission (client gone, an outer timeout, shutdown): see ``AsyncRunner``;
 what was granted is refunded and released before the cancellation goes on.
 
+A ``NestedCheck`` with ``actual`` settles as soon as the response has ended: once the last
+body chunk (``more_body=False``) has been sent, else (the client went away, the app raised or
+was cancelled) when the app returns, shielded like every refund. Its ``costs.Usage`` (in the
+scope under ``costs.USAGE_KEY``, where ``costs.report`` finds it) counts the body bytes each
+way and keeps the response's status and headers.
+
 The request's ``Admission`` is left in the scope (``gate.SCOPE_KEY``): a framework integration
 walks a route's limits into it after routing (``admit_route``), and the headers are read when
 the response starts, so they include those limits'.
@@ -26,7 +32,8 @@ from ..limiter import AsyncLimiter
 from ..metrics.core import Metrics
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import ChargeWhen, Check, Controls
+from .checks import ChargeWhen, Check, Controls, NestedCheck
+from .costs import USAGE_KEY, Usage
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_scope, trusted_networks
 from .responses import Rejection
@@ -107,7 +114,11 @@ class RateLimitMiddleware:
             return
         gate = self.gate
         request = from_scope(scope, self.trusted_proxies)
-        adm = scope[SCOPE_KEY] = Admission(request)
+        usage = None
+        if self._settling():
+            usage = scope[USAGE_KEY] = Usage()
+            receive = _counting(receive, usage)
+        adm = scope[SCOPE_KEY] = Admission(request, usage)
         extra: list[tuple[bytes, bytes]] = []
         try:
             rejection = await self.runner.admit(request, adm)
@@ -132,6 +143,9 @@ class RateLimitMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if usage is not None:
+                    usage.status = status
+                    usage.headers = _decoded(message.get("headers", ()))
                 # read now: a route's limits may have joined the admission after routing
                 added = added_headers(adm)
                 if added:
@@ -141,12 +155,24 @@ class RateLimitMiddleware:
                         gate.failed_open("ratekeeper", exc)
                     else:
                         message = {**message, "headers": [*message.get("headers", ()), *more]}
+            elif usage is not None and message["type"] == "http.response.body":
+                usage.response_bytes += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await send(message)
+                    usage.completed = True
+                    await self.runner.settle(adm, status)  # the response has ended
+                    return
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
             await self.runner.finish(adm, status)
+
+    def _settling(self) -> bool:
+        """Whether a check settles (counts the request's usage): looked up each time, since
+        a framework may add checks after the middleware is built."""
+        return any(isinstance(c, NestedCheck) and c.actual for c in self.gate.checks)
 
     async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
@@ -165,3 +191,21 @@ class RateLimitMiddleware:
             "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
         }
+
+
+def _counting(receive: Receive, usage: Usage) -> Receive:
+    """``receive``, adding each request body chunk's bytes to ``usage``."""
+
+    async def counted() -> Message:
+        message = await receive()
+        if message.get("type") == "http.request":
+            usage.request_bytes += len(message.get("body", b""))
+        return message
+
+    return counted
+
+
+def _decoded(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Response headers as ``Usage`` keeps them: lower-case names, latin-1 text, the last of a
+    repeated name."""
+    return {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in headers}

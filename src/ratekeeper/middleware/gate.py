@@ -16,7 +16,14 @@ Rules:
   (``store_label``, never a password);
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
-- an allowed response carries the headers of the enforced rate decision with least remaining;
+- an allowed response carries the headers of the enforced rate decision with least remaining
+  (a ``NestedCheck``'s: its deciding level's), and a ``ConcurrencyCheck``'s quota as
+  ``RateLimit-Policy``/``RateLimit`` items in ``qu="concurrent-requests"``;
+- a ``NestedCheck`` charges all its levels or none (``hit``-like ``nest`` operations); one
+  with ``actual`` reserves its estimate (``reserve``) and ``settle`` ends it with the actual
+  cost once the response has ended (``settle`` may run before ``finish``: the ASGI middleware
+  settles on the last body chunk); a refund of a nested charge is ``unnest``, of a
+  reservation ``cancel``;
 - a charge stays only if the check's ``charge_when`` (else the gate's) says so for the
   response's status; by default every status but those in ``refund_statuses`` (304) is charged;
 - the checks given to the constructor run for every request; checks registered later with
@@ -38,9 +45,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from collections.abc import Generator, Iterable, Sequence
+from typing import Any
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
@@ -48,6 +54,8 @@ from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
+from ..nested import NestedDecision
+from ..reservations import Reservation
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
@@ -58,13 +66,22 @@ from .checks import (
     ConcurrencyCheck,
     Controls,
     FleetCheck,
+    NestedCheck,
     RateCheck,
     WorkerCheck,
 )
+from .costs import Usage
+from .nested_checks import nested_walk, settle_ops
+from .ops import Degraded, Flow, unwrap
+from .ops import Failure as Failure
+from .ops import Op as Op
+from .ops import run as run
+from .ops import run_async as run_async
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
     Rejection,
+    concurrency_headers,
     concurrency_rejection,
     decision_headers,
     rate_rejection,
@@ -73,7 +90,6 @@ from .responses import (
 
 log = logging.getLogger("ratekeeper")
 
-Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
 OUTCOME = {
     "allowed": "allowed",
     "rejected": "rejected",
@@ -82,33 +98,6 @@ OUTCOME = {
     "skipped": "disabled",
 }
 """A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
-
-
-class Op(NamedTuple):
-    """One store operation for the check at ``position`` (a tuple: built on every request).
-
-    ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
-    gave for this request); the refund of that hit carries it too. An ``AdmissionCheck``'s
-    ``enter`` carries the tier in ``key`` (``wait`` False in shadow mode) and gets a ``Ticket``
-    or None back; its ``leave`` carries the ``ticket``.
-    """
-
-    kind: Kind
-    position: int
-    key: str = ""
-    cost: int = 1
-    critical: bool = False
-    lease: Lease | None = None
-    rate: Any = None
-    wait: bool = True
-    ticket: Ticket | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What the executor sends back when an operation raised."""
-
-    exc: Exception
 
 
 SCOPE_KEY = "ratekeeper.admission"
@@ -122,6 +111,7 @@ class Admission:
     __slots__ = (
         "aborted",
         "best",
+        "busy",
         "charged",
         "done",
         "entered",
@@ -130,14 +120,22 @@ class Admission:
         "leases",
         "rejection",
         "request",
+        "settled",
         "tickets",
         "tier",
+        "usage",
     )
 
-    def __init__(self, request: RequestInfo | None = None) -> None:
+    def __init__(self, request: RequestInfo | None = None, usage: Usage | None = None) -> None:
         self.request = request
+        self.usage = usage
+        """What the request used (bytes, reported cost): what a settling check charges."""
         self.tier: str | None = None
-        self.best: tuple[str, Decision] | None = None
+        self.best: tuple[str, Decision, str | None, str] | None = None
+        """(the check's name, the decision, its quota unit, its item name in headers)."""
+        self.busy: list[tuple[str, int, int]] = []
+        """Concurrency checks passed: (name, capacity, requests in progress)."""
+        self.settled = False
         self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
         self.tickets: list[tuple[int, Ticket]] = []
@@ -161,13 +159,6 @@ def added_headers(adm: Admission) -> Headers:
     if rejection is None:
         return adm.headers
     return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
-
-
-class _Degraded(Exception):
-    """A check answered without its store (it already logged): count as failed open."""
-
-
-Flow = Generator[Op, Any, None]
 
 
 class Gate:
@@ -333,11 +324,16 @@ class Gate:
                 return
         if adm.best is not None:
             adm.headers = decision_headers(*adm.best)
+        if adm.busy:
+            adm.headers = concurrency_headers(adm.headers, adm.busy)
 
     def _check(
         self, index: int, check: Check, request: RequestInfo, adm: Admission, mode: str
     ) -> Generator[Op, Any, Rejection | bool]:
         """One check: True if allowed, False if it does not apply, else the rejection."""
+        if isinstance(check, NestedCheck):
+            result = yield from nested_walk(index, check, request, adm, mode)
+            return result
         if isinstance(check, RateCheck | ConcurrencyCheck):
             if not check.where.applies(request):
                 return False
@@ -347,35 +343,37 @@ class Gate:
             adm.key = key
             key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
-                lease = _unwrap((yield Op("acquire", index, key)))
-                return self._keep(adm, index, lease) or concurrency_rejection(
-                    check.name, check.capacity
-                )
+                lease, busy = unwrap((yield Op("acquire", index, key)))
+                if not self._keep(adm, index, lease):
+                    return concurrency_rejection(check.name, check.capacity)
+                if mode == "enforce" and busy is not None:
+                    adm.busy.append((check.name, check.capacity, busy))
+                return True
             rate = check.rate_of(request)
             if rate is None:
                 return False
             op = Op("hit", index, key, check.cost_of(request), rate=rate)
-            decision: Decision = _unwrap((yield op))
+            decision: Decision = unwrap((yield op))
             if decision.degraded:
-                raise _Degraded
+                raise Degraded
             if not decision.allowed:
-                return rate_rejection(check.name, decision)
+                return rate_rejection(check.name, decision, unit=check.qu)
             adm.charged.append(op)
             if mode == "enforce" and (
                 adm.best is None or decision.remaining < adm.best[1].remaining
             ):
-                adm.best = (check.name, decision)
+                adm.best = (check.name, decision, check.qu, check.name)
             return True
         if adm.tier is None:
             adm.tier = self.priority(request)
         if isinstance(check, FleetCheck):
             critical = adm.tier == check.critical_tier
-            lease = _unwrap((yield Op("admit", index, critical=critical)))
+            lease = unwrap((yield Op("admit", index, critical=critical)))
             return self._keep(adm, index, lease) or shed_rejection(
                 check.name, check.retry_after, check.capacity
             )
         if isinstance(check, AdmissionCheck):
-            ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
+            ticket = unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
             if ticket is None:
                 return self._shed[index]
             adm.tickets.append((index, ticket))
@@ -388,7 +386,7 @@ class Gate:
         if lease is None:
             return False
         if lease.degraded:
-            raise _Degraded
+            raise Degraded
         adm.leases.append((index, lease))
         return True
 
@@ -420,16 +418,25 @@ class Gate:
             with self._lock:
                 self.in_flight -= 1
         ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
+        ops += self.settle(adm, status)
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
-                ops += [op._replace(kind="refund") for op in adm.charged]
+                ops += [_undo(op) for op in adm.charged]
             elif status is not None:
-                ops += [
-                    op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
-                ]
+                ops += [_undo(op) for op in adm.charged if not self._keeps(op, status)]
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def settle(self, adm: Admission, status: int | None) -> list[Op]:
+        """The ``settle`` (or ``cancel``) of each reservation the request holds, once
+        (``nested_checks.settle_ops``): by ``finish``, or earlier by a middleware that saw the
+        response end."""
+        return settle_ops(self, adm, status)
+
+    def keeps(self, op: Op, status: int) -> bool:
+        """Whether the charge ``op`` stands for a response with ``status``."""
+        return self._keeps(op, status)
 
     def _keeps(self, op: Op, status: int) -> bool:
         """Whether the charge ``op`` stands for a response with ``status``."""
@@ -448,9 +455,16 @@ class Gate:
         call that was in flight and ``result`` what it returned (a ``Failure``, or None if
         unknown): a charge, lease or admission ticket it granted is given back too."""
         if op is not None and result is not None and not isinstance(result, Failure):
-            if op.kind == "hit" and isinstance(result, Decision):
+            if op.kind == "acquire" and isinstance(result, tuple):  # (lease, in progress)
+                result = result[0]
+            if (op.kind == "hit" and isinstance(result, Decision)) or (
+                op.kind == "nest" and isinstance(result, NestedDecision)
+            ):
                 if result.allowed and not result.degraded:
                     adm.charged.append(op)
+            elif op.kind == "reserve" and isinstance(result, Reservation):
+                if result.allowed and not result.degraded:
+                    adm.charged.append(op._replace(reservation=result))
             elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
                 adm.leases.append((op.position, result))
             elif isinstance(result, Ticket):  # enter
@@ -475,16 +489,16 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.count(name, "failed_open")
-        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+        if not self._store_reported and isinstance(exc, Degraded | StoreUnavailable):
             self._store_reported = True
             log.error(
                 "ratekeeper check %r: store %s does not answer (%s); requests go through "
                 "unchecked (fail open) until it does, later failures are logged as warnings",
                 name,
                 self.store_label,
-                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+                "a degraded answer" if isinstance(exc, Degraded) else exc,
             )
-        if isinstance(exc, _Degraded):
+        if isinstance(exc, Degraded):
             return
         self._unlogged += 1
         now = self.clock()
@@ -500,6 +514,11 @@ class Gate:
             self._unlogged = 0
 
 
+def _undo(op: Op) -> Op:
+    """The operation giving back what ``op`` charged."""
+    return op._replace(kind="unnest" if op.kind == "nest" else "refund")
+
+
 def arrival(request: RequestInfo) -> float | None:
     """When the request arrived, if something stamped it: mod_wsgi's ``mod_wsgi.request_start``
     or a proxy's ``X-Request-Start`` / ``X-Queue-Start`` (epoch seconds)."""
@@ -508,37 +527,3 @@ def arrival(request: RequestInfo) -> float | None:
     if stamp is None:
         stamp = request.header("x-request-start") or request.header("x-queue-start")
     return None if stamp is None else parse_request_start(stamp)
-
-
-def _unwrap(result: Any) -> Any:
-    if isinstance(result, Failure):
-        raise result.exc
-    return result
-
-
-def run(flow: Flow, execute: Callable[[Op], Any]) -> None:
-    """Drive a gate flow with a sync executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return
-
-
-async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None:
-    """Drive a gate flow with an async executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = await execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return

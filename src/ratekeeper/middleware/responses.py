@@ -49,9 +49,29 @@ class Rejection:
         return "429 Too Many Requests" if self.status == 429 else "503 Service Unavailable"
 
 
-def decision_headers(check: str, decision: Decision) -> Headers:
-    """The decision's rate-limit headers plus ``X-RateLimit-Resource``."""
-    return (*decision.headers(check).items(), ("X-RateLimit-Resource", ascii_name(check)))
+def decision_headers(
+    check: str, decision: Decision, unit: str | None = None, item: str | None = None
+) -> Headers:
+    """The decision's rate-limit headers plus ``X-RateLimit-Resource``: named ``item`` in the
+    IETF fields (default: the check's name; a nested check's level), in quota ``unit``."""
+    resource = ("X-RateLimit-Resource", ascii_name(check))
+    return (*decision.headers(item or check, unit).items(), resource)
+
+
+def concurrency_headers(headers: Headers, busy: list[tuple[str, int, int]]) -> Headers:
+    """``headers`` with each concurrency check's quota added to the IETF fields (items in
+    ``qu="concurrent-requests"``, no window): ``busy`` is (name, capacity, in progress)."""
+    policy = [f'{_item(n)};q={cap};qu="concurrent-requests"' for n, cap, _ in busy]
+    limit = [f"{_item(n)};r={max(0, cap - used)}" for n, cap, used in busy]
+    out = dict(headers)
+    for field, items in (("RateLimit-Policy", policy), ("RateLimit", limit)):
+        out[field] = ", ".join([out[field], *items] if field in out else items)
+    return tuple(out.items())
+
+
+def _item(name: str) -> str:
+    """A name as a structured-field String (``Decision``'s rule)."""
+    return '"' + ascii_name(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _seconds(value: float) -> int | None:
@@ -75,8 +95,11 @@ def _build(
     )
 
 
-def rate_rejection(check: str, decision: Decision) -> Rejection:
-    """429 for a request rate over ``decision.rate``."""
+def rate_rejection(
+    check: str, decision: Decision, item: str | None = None, unit: str | None = None
+) -> Rejection:
+    """429 for a request rate over ``decision.rate`` (``item``: the nested check's level that
+    rejected, as headers name it; ``unit``: the quota unit when not requests)."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -88,7 +111,8 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
             f"You have exceeded a secondary rate limit: this request needs more than the "
             f"{decision.remaining} left. {advice}"
         )
-    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
+    where = f"{check!r} ({rate.code})" if item is None else f"{item!r} ({rate.code})"
+    message = f"Rate limit {where} exceeded. {advice}"
     body = {
         "error": "rate_limited",
         "limit": decision.limit,
@@ -96,7 +120,9 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
         "policy": check,
         "message": message,
     }
-    return _build(check, "rate_limited", 429, decision_headers(check, decision), body)
+    if item is not None:
+        body["level"] = item
+    return _build(check, "rate_limited", 429, decision_headers(check, decision, unit, item), body)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:
@@ -112,7 +138,10 @@ def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Re
         "policy": check,
         "message": message,
     }
-    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check)))
+    headers = concurrency_headers(
+        (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check))),
+        [(check, capacity, capacity)],
+    )
     return _build(check, "concurrency_limited", 429, headers, body)
 
 

@@ -126,7 +126,7 @@ def nested_command(codec: Codec, plan: NestedPlan) -> Command:
 def nested_reply(plan: NestedPlan, reply: Sequence[Any]) -> NestedReply:
     """The script's reply -> (allowed or status, each level's outcomes)."""
     head = int(reply[0])
-    if plan.op in ("settle", "cancel") or head == -1:
+    if plan.op in ("refund", "settle", "cancel") or head == -1:
         return (head, ())
     out = []
     at = 1

@@ -59,6 +59,10 @@ class MemoryNested:
             self._sweep(now, SWEEP)
             if plan.op in ("hit", "peek", "reserve"):
                 return self._decide(plan)
+            if plan.op == "refund":
+                for tier in plan.levels:
+                    self._refund(tier, now)
+                return (1, ())
             return (self._settle(plan), ())
 
     def sweep_all(self, now_ms: int) -> int:
@@ -130,6 +134,23 @@ class MemoryNested:
             status = 3
         self._put(plan.key, plan.rid, _Record(now + plan.keep_ms, None, 0, now))
         return status
+
+    def _refund(self, tier: Tier, now: int) -> None:
+        """Give ``tier.cost`` back on every rate (each algorithm's ``refund``, as ``refund``
+        does for one key: never below empty or above full)."""
+        if tier.cost == 0:
+            return
+        store = self.store
+        algorithm = tier.policy.algorithm
+        for slot, limit in zip(tier.policy.slots, tier.policy.limits, strict=True):
+            k = counter(tier, slot)
+            state = store._load(k, now)
+            new = algorithm.refund(state, limit, now, tier.cost)
+            expires = 0 if new is None else algorithm.expires_ms(new, limit)
+            if expires > now:
+                store._write(k, expires, new, now)
+            else:
+                store._drop(k)
 
     def _give(
         self, tier: Tier, delta: int, since_ms: int, marks: tuple[int, ...], now: int

@@ -5,12 +5,13 @@
 --
 -- KEYS     every rate's key of every level, level by level (all carry the outermost level's
 --          hash tag), then R and Z, the reservations of that tag.
--- ARGV     op ("hit" | "peek" | "reserve" | "settle" | "cancel"), now_ms, id, amount (reserve:
---          ttl_ms; settle: the actual cost), keep_ms (how long a settled id is remembered),
---          hold_ms (the least TTL of R and Z), the number of levels, then per level: the
---          algorithm's name, its number of rates n, cost, settles (1: its cost is the call's,
---          settled later), field (the compact layout's hash field, or ''), then per rate:
---          count, period_ms, extra, debt (the units a settle may charge past the limit).
+-- ARGV     op ("hit" | "peek" | "refund" | "reserve" | "settle" | "cancel"), now_ms, id,
+--          amount (reserve: ttl_ms; settle: the actual cost), keep_ms (how long a settled id
+--          is remembered), hold_ms (the least TTL of R and Z), the number of levels, then per
+--          level: the algorithm's name, its number of rates n, cost, settles (1: its cost is
+--          the call's, settled later), field (the compact layout's hash field, or ''), then
+--          per rate: count, period_ms, extra, debt (the units a settle may charge past the
+--          limit).
 -- R, Z     R maps a reservation id to its record (JSON: t = since_ms, e = the estimate, l = the
 --          settling levels as parsed below, each with marks: the reset_ms each rate's charge
 --          answered, which names the window or bucket it went into whatever other callers'
@@ -20,6 +21,7 @@
 -- Reply    hit/peek/reserve: allowed (1/0), then 4 integers per rate of every level: the
 --          outcomes of the charge when every level admits, else of a look that charged
 --          nothing (a level of cost 0 is only looked at); reserve with an id in use: {-1}.
+--          refund (each level's cost given back, as the algorithm's refund): {1}.
 --          settle/cancel: {status}: 1 settled, 2 already settled or cancelled (nothing
 --          charged), 3 unknown or expired (settle: the actual cost charged now; cancel: nothing).
 -- Times    now_ms from the caller's clock; R and Z get a relative TTL that outlives every score
@@ -146,6 +148,15 @@ if op == 'hit' or op == 'peek' or op == 'reserve' then
     end
   end
   return reply
+end
+
+if op == 'refund' then
+  for _, lv in ipairs(levels) do
+    if lv.cost ~= '0' then
+      run(lv, 1, #lv.keys, 'refund', lv.cost)
+    end
+  end
+  return {1}
 end
 
 -- settle or cancel
