@@ -39,7 +39,15 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from ..errors import ConfigError
-from ..middleware.checks import ChargeWhen, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.checks import (
+    ChargeWhen,
+    CheckLevel,
+    Controls,
+    CostFunc,
+    RateFunc,
+    RateSpec,
+)
+from ..middleware.costs import USAGE_KEY, Usage
 from ..middleware.gate import SCOPE_KEY, Admission, Gate, added_headers
 from ..middleware.request import (
     KeyFunc,
@@ -52,6 +60,7 @@ from ..middleware.request import (
 )
 from ..middleware.responses import Rejection
 from ..middleware.runner import AsyncRunner, Runner
+from .nested_routes import nested_limit
 from .routes import Limit, Routes, RouteTable
 from .settings import read
 
@@ -164,6 +173,17 @@ class Limits:
         route = match.view_name if match is not None else _dotted(view)
         return self.routes.positions(route, (view,))
 
+    def admission(self, request: HttpRequest, info: RequestInfo) -> Admission:
+        """A new admission for ``request``, with a ``costs.Usage`` (in ``request.META``, where
+        ``costs.report(request.META, n)`` finds it) for a check that settles after the
+        response: always, since Django imports the views, and so learns of their limits, on
+        the first request."""
+        usage = request.META[USAGE_KEY] = Usage()
+        length = str(request.META.get("CONTENT_LENGTH") or "")
+        # the body Django reads is at most Content-Length (its LimitedStream): the bytes
+        usage.request_bytes = int(length) if length.isascii() and length.isdigit() else 0
+        return Admission(info, usage)
+
     def respond(self, request: HttpRequest, rejection: Rejection) -> HttpResponseBase:
         """The answer to a rejection (``ON_BREACH``)."""
         return self.on_breach(request, rejection)
@@ -171,17 +191,20 @@ class Limits:
     def complete(self, adm: Admission, response: HttpResponseBase) -> HttpResponseBase:
         """Add the headers; finish when the response is done (sync)."""
         _add_headers(adm, response)
+        usage = _record(adm, response)
         if not getattr(response, "streaming", False):
             self.sync.finish(adm, response.status_code)
         elif getattr(response, "is_async", False):
             response.streaming_content = _finish_after_async(  # type: ignore[attr-defined]
                 response.streaming_content,  # type: ignore[attr-defined]
                 lambda: self.aio.finish(adm, response.status_code),
+                usage,
             )
         else:
             response.streaming_content = _finish_after(  # type: ignore[attr-defined]
                 response.streaming_content,  # type: ignore[attr-defined]
                 lambda: self.sync.finish(adm, response.status_code),
+                usage,
             )
         return response
 
@@ -190,6 +213,7 @@ class Limits:
         if getattr(response, "streaming", False):
             return self.complete(adm, response)
         _add_headers(adm, response)
+        _record(adm, response)
         await self.aio.finish(adm, response.status_code)
         return response
 
@@ -200,17 +224,44 @@ def _add_headers(adm: Admission, response: HttpResponseBase) -> None:
             response[name] = value
 
 
-def _finish_after(content: Iterable[bytes], finish: Callable[[], None]) -> Iterator[bytes]:
+def _record(adm: Admission, response: HttpResponseBase) -> Usage | None:
+    """Put the response's status, headers and (when not streamed) body bytes in the request's
+    usage, for a check that settles; the usage, or None when none settles."""
+    usage = adm.usage
+    if usage is None or not any(op.kind == "reserve" for op in adm.charged):
+        return None
+    usage.status = response.status_code
+    usage.headers = {k.lower(): v for k, v in response.items()}
+    if not getattr(response, "streaming", False):
+        usage.response_bytes = len(getattr(response, "content", b""))
+        usage.completed = True
+    return usage
+
+
+def _finish_after(
+    content: Iterable[bytes], finish: Callable[[], None], usage: Usage | None = None
+) -> Iterator[bytes]:
     try:
-        yield from content
+        for chunk in content:
+            if usage is not None:
+                usage.response_bytes += len(chunk)
+            yield chunk
+        if usage is not None:
+            usage.completed = True
     finally:
         finish()
 
 
-async def _finish_after_async(content: Any, finish: Callable[[], Any]) -> AsyncIterator[bytes]:
+async def _finish_after_async(
+    content: Any, finish: Callable[[], Any], usage: Usage | None = None
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in content:
+            if usage is not None:
+                usage.response_bytes += len(chunk)
             yield chunk
+        if usage is not None:
+            usage.completed = True
     finally:
         await finish()
 
@@ -274,7 +325,7 @@ class RateLimitMiddleware:
             return self._call_async(request)
         limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
-        adm = request.META[SCOPE_KEY] = Admission(info)
+        adm = request.META[SCOPE_KEY] = limits.admission(request, info)
         rejection = limits.sync.admit(info, adm)
         if rejection is not None:
             return limits.complete(adm, limits.respond(request, rejection))
@@ -283,7 +334,7 @@ class RateLimitMiddleware:
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
-        adm = request.META[SCOPE_KEY] = Admission(info)
+        adm = request.META[SCOPE_KEY] = limits.admission(request, info)
         rejection = await limits.aio.admit(info, adm)
         if rejection is not None:
             return await limits.acomplete(adm, limits.respond(request, rejection))
@@ -363,7 +414,7 @@ def ratelimit(
                     return await view(request, *args, **kwargs)
                 limits = current()
                 info = limits.info(request)
-                adm = Admission(info)
+                adm = limits.admission(request, info)
                 rejection = await limits.aio.admit(info, adm, limits.positions(request, view))
                 if rejection is not None:
                     return await limits.acomplete(adm, limits.respond(request, rejection))
@@ -377,13 +428,27 @@ def ratelimit(
                 return view(request, *args, **kwargs)
             limits = current()
             info = limits.info(request)
-            adm = Admission(info)
+            adm = limits.admission(request, info)
             rejection = limits.sync.admit(info, adm, limits.positions(request, view))
             if rejection is not None:
                 return limits.complete(adm, limits.respond(request, rejection))
             return limits.complete(adm, view(request, *args, **kwargs))
 
         return wrapper  # type: ignore[return-value]  # the same view, wrapped
+
+    return decorate
+
+
+def nested_ratelimit(levels: Iterable[CheckLevel], **options: Any) -> Callable[[V], V]:
+    """Nested limits on a view (``RouteLimits.nested_limit``'s, for Django): ``levels``
+    outermost first, each with its own key and rate, charged all or nothing; with ``actual=``
+    the ``cost`` is an estimate settled when the response has ended (``costs.report(
+    request.META, n)`` from the view). Needs the middleware in ``MIDDLEWARE``."""
+    limit = nested_limit(list(levels), **options)
+
+    def decorate(view: V) -> V:
+        TABLE.mark(limit)(view)
+        return view
 
     return decorate
 

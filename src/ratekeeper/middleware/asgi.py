@@ -32,7 +32,7 @@ from ..limiter import AsyncLimiter
 from ..metrics.core import Metrics
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
-from .checks import ChargeWhen, Check, Controls, NestedCheck
+from .checks import ChargeWhen, Check, Controls
 from .costs import USAGE_KEY, Usage
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_scope, trusted_networks
@@ -115,7 +115,7 @@ class RateLimitMiddleware:
         gate = self.gate
         request = from_scope(scope, self.trusted_proxies)
         usage = None
-        if self._settling():
+        if gate.settling:
             usage = scope[USAGE_KEY] = Usage()
             receive = _counting(receive, usage)
         adm = scope[SCOPE_KEY] = Admission(request, usage)
@@ -168,11 +168,6 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send_with_headers)
         finally:
             await self.runner.finish(adm, status)
-
-    def _settling(self) -> bool:
-        """Whether a check settles (counts the request's usage): looked up each time, since
-        a framework may add checks after the middleware is built."""
-        return any(isinstance(c, NestedCheck) and c.actual for c in self.gate.checks)
 
     async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +207,7 @@ class NestedCheck:
     """
 
     name: str
-    levels: tuple[CheckLevel, ...]
+    levels: Sequence[CheckLevel]
     cost: int | CostFunc = 1
     actual: Actual | None = None
     ttl: float = 300.0

@@ -208,6 +208,10 @@ class Gate:
         self._shed: dict[int, Rejection] = {}  # built once: a shed costs next to nothing
         self._asgi = asgi  # which default signal a WorkerCheck gets
         self.metrics = metrics
+        self.settling = False
+        """Whether a check settles after the response (a ``NestedCheck`` with ``actual``): the
+        middleware then keeps each request's ``costs.Usage``. Set by ``add``, and by a
+        framework integration as soon as a route may get such a check (``routes``)."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -235,8 +239,8 @@ class Gate:
         (a limit shared by several routes), another check under a name in use is an error."""
         if not isinstance(check, CHECK_TYPES):
             raise ConfigError(
-                f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                "FleetCheck, WorkerCheck or AdmissionCheck"
+                f"check {check!r} is invalid; expected RateCheck, NestedCheck, "
+                "ConcurrencyCheck, FleetCheck, WorkerCheck or AdmissionCheck"
             )
         with self._lock:
             for position, known in enumerate(self.checks):
@@ -248,6 +252,8 @@ class Gate:
                         "each check needs its own name"
                     )
             position = len(self.checks)
+            if isinstance(check, NestedCheck) and check.actual is not None:
+                self.settling = True
             if isinstance(check, WorkerCheck):
                 shedder = check.shedder or self._default_shedder(check)
                 self._shedders[position] = shedder

@@ -30,7 +30,7 @@ from ..limiter import Limiter
 from ..metrics.core import Metrics
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
-from .checks import ChargeWhen, Check, Controls, NestedCheck
+from .checks import ChargeWhen, Check, Controls
 from .costs import USAGE_KEY, Usage
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, from_environ, trusted_networks
@@ -131,7 +131,7 @@ class WSGIRateLimitMiddleware:
         gate = self.gate
         request = from_environ(environ, self.trusted_proxies)
         usage = None
-        if any(isinstance(c, NestedCheck) and c.actual for c in gate.checks):
+        if gate.settling:
             usage = environ[USAGE_KEY] = Usage()
             if environ.get("wsgi.input") is not None:
                 environ["wsgi.input"] = _CountingInput(environ["wsgi.input"], usage)
