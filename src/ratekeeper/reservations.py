@@ -116,6 +116,13 @@ class Settlement:
         return self.status in ("settled", "expired")
 
 
+def restored(rid: str, levels: tuple[Tier, ...], ttl: float) -> Reservation:
+    """An admitted reservation known by its id, levels and ``ttl`` only (a token the service
+    handed out): enough to settle or cancel it, which read no more."""
+    decision = NestedDecision(True, 0, (), ())
+    return Reservation(rid, levels[0].key, levels, 0, ttl, 0.0, decision)
+
+
 def new_id() -> str:
     """A reservation id: 128 random bits, URL-safe (never guessed, never reused)."""
     return secrets.token_urlsafe(16)
