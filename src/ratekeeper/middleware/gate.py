@@ -133,7 +133,7 @@ class Admission:
         self.tier: str | None = None
         self.best: tuple[str, Decision, str | None, str] | None = None
         """(the check's name, the decision, its quota unit, its item name in headers)."""
-        self.busy: list[tuple[str, int, int]] = []
+        self.busy: list[tuple[str, int, int]] | None = None
         """Concurrency checks passed: (name, capacity, requests in progress)."""
         self.settled = False
         self.charged: list[Op] = []
@@ -353,7 +353,7 @@ class Gate:
                 if not self._keep(adm, index, lease):
                     return concurrency_rejection(check.name, check.capacity)
                 if mode == "enforce" and busy is not None:
-                    adm.busy.append((check.name, check.capacity, busy))
+                    adm.busy = [*(adm.busy or ()), (check.name, check.capacity, busy)]
                 return True
             rate = check.rate_of(request)
             if rate is None:
@@ -424,7 +424,8 @@ class Gate:
             with self._lock:
                 self.in_flight -= 1
         ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
-        ops += self.settle(adm, status)
+        if self.settling:  # only a settling check makes reservations
+            ops += self.settle(adm, status)
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
                 ops += [_undo(op) for op in adm.charged]

@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..decision import Decision, ascii_name
 
@@ -61,7 +62,7 @@ def decision_headers(
 def concurrency_headers(headers: Headers, busy: list[tuple[str, int, int]]) -> Headers:
     """``headers`` with each concurrency check's quota added to the IETF fields (items in
     ``qu="concurrent-requests"``, no window): ``busy`` is (name, capacity, in progress)."""
-    policy = [f'{_item(n)};q={cap};qu="concurrent-requests"' for n, cap, _ in busy]
+    policy = [_concurrency_policy(n, cap) for n, cap, _ in busy]
     limit = [f"{_item(n)};r={max(0, cap - used)}" for n, cap, used in busy]
     out = dict(headers)
     for field, items in (("RateLimit-Policy", policy), ("RateLimit", limit)):
@@ -69,6 +70,13 @@ def concurrency_headers(headers: Headers, busy: list[tuple[str, int, int]]) -> H
     return tuple(out.items())
 
 
+@lru_cache(maxsize=1024)
+def _concurrency_policy(name: str, capacity: int) -> str:
+    """A concurrency check's ``RateLimit-Policy`` item (built once per check)."""
+    return f'{_item(name)};q={capacity};qu="concurrent-requests"'
+
+
+@lru_cache(maxsize=1024)
 def _item(name: str) -> str:
     """A name as a structured-field String (``Decision``'s rule)."""
     return '"' + ascii_name(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
