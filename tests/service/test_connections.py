@@ -8,6 +8,7 @@ and generous deadlines (nothing here measures speed)."""
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
 import time
@@ -139,9 +140,9 @@ def test_a_connection_stuck_in_its_body_is_closed(service: ServiceProcess) -> No
 
 
 def test_connections_stuck_in_their_bodies_cannot_lock_clients_out(tmp_path: Path) -> None:
-    """20 connections stuck in a body with ``--max-connections 20`` (and a body timeout far
-    away): a new client makes room by closing the one that waited longest."""
-    proc = serve(tmp_path, "--max-connections", "20", "--body-timeout", "60")
+    """20 connections stuck in a body with ``--max-connections 20``: a new client makes room
+    by closing the one that waited longest (long before the body timeout, 10 s)."""
+    proc = serve(tmp_path, "--max-connections", "20")
     stuck = [stuck_in_body(proc.port) for _ in range(20)]
     try:
         time.sleep(0.3)
@@ -159,7 +160,7 @@ def test_connections_stuck_in_their_bodies_cannot_lock_clients_out(tmp_path: Pat
 def test_a_head_is_refused_before_its_body_is_awaited(tmp_path: Path) -> None:
     """Without a token, a stuck body is answered 401 at once (the token is checked when the
     head is complete), as is a Content-Length over the limit (413, then closed)."""
-    proc = serve(tmp_path, "--body-timeout", "60", env={"RATEKEEPER_TOKEN": TOKEN})
+    proc = serve(tmp_path, env={"RATEKEEPER_TOKEN": TOKEN})  # body timeout: 10 s
     try:
         sock = stuck_in_body(proc.port)
         sock.settimeout(5)
@@ -179,16 +180,16 @@ def test_a_head_is_refused_before_its_body_is_awaited(tmp_path: Path) -> None:
 
 def test_a_pipelined_body_slower_than_the_idle_timeout_is_answered(tmp_path: Path) -> None:
     """The first answer does not start a keep-alive timer under the second request, whose
-    body arrives in pieces over 6 s (idle timeout 5 s, body timeout 10 s: the defaults)."""
+    body's second half comes 6 s after its first (idle timeout 5 s, body timeout 10 s: the
+    defaults)."""
     proc = serve(tmp_path)
     head = b"POST /v1/hit HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
     whole = head + b"content-length: %d\r\n\r\n%s" % (len(HIT), HIT)
     try:
         with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as sock:
             sock.sendall(whole + whole[: len(whole) - len(HIT) + 3])
-            for i in range(3, len(HIT)):
-                time.sleep(6 / len(HIT))
-                sock.sendall(HIT[i : i + 1])
+            time.sleep(6)
+            sock.sendall(HIT[3:])
             seen = b""
             while seen.count(b"HTTP/1.1 200 OK") < 2:
                 chunk = sock.recv(65536)
@@ -196,3 +197,51 @@ def test_a_pipelined_body_slower_than_the_idle_timeout_is_answered(tmp_path: Pat
                 seen += chunk
     finally:
         proc.stop()
+
+
+def read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """``count`` answers off ``sock`` (fewer if it closes), each head and body."""
+    answers: list[bytes] = []
+    buffer = b""
+    while len(answers) < count:
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            length = int(buffer.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            if len(buffer) >= end + 4 + length:
+                answers.append(buffer[: end + 4 + length])
+                buffer = buffer[end + 4 + length :]
+                continue
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        buffer += chunk
+    return answers
+
+
+def test_a_pipeline_behind_an_asgi_answer_is_answered_whole(tmp_path: Path) -> None:
+    """``GET /healthz`` (an ASGI route) and 2,000 decisions behind it on one connection, with
+    the token and then with a wrong one: every one answered, in order (no answer made from
+    inside the one before: no recursion, no traceback)."""
+    config = tmp_path / "svc.yaml"
+    config.write_text("policies:\n  p:\n    rate: 3/hour\n")
+    proc = ServiceProcess(config, grpc=False, env={"RATEKEEPER_TOKEN": TOKEN})
+    hit = (
+        b"POST /v1/hit HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
+        % (TOKEN.encode(), len(HIT), HIT)
+    )
+    wrong = hit.replace(TOKEN.encode(), b"wrong-token-0123456789")
+    try:
+        for each, status in ((hit, b"HTTP/1.1 200 "), (wrong, b"HTTP/1.1 401 ")):
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=20) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n" + each * 2000)
+                answers = read_answers(sock, 2001)
+            assert len(answers) == 2001
+            assert answers[0].startswith(b"HTTP/1.1 200 ") and b'"store":"ok"' in answers[0]
+            assert all(a.startswith(status) for a in answers[1:])
+            if each is hit:  # 3 an hour: the first three admitted, in order
+                allowed = [json.loads(a.split(b"\r\n\r\n")[1])["allowed"] for a in answers[1:]]
+                assert allowed == [True] * 3 + [False] * 1997
+    finally:
+        logs = proc.stop()
+    assert "Traceback" not in logs and "RecursionError" not in logs

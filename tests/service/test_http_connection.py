@@ -219,23 +219,6 @@ def test_framing_it_refuses_closes_the_connection(inline: Served, raw: bytes, st
     assert b"connection: close\r\n" in seen and b'"field":' in seen
 
 
-def test_a_pipeline_behind_an_asgi_answer_is_answered_whole(inline: Served) -> None:
-    """``GET /healthz`` (an ASGI call) and 2,000 decisions behind it on one connection, twice
-    (with the token, then with a wrong one): every one answered, in order, no recursion."""
-    hit = HEAD + b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)
-    wrong = hit.replace(CLIENT, b"authorization: Bearer wrong-token-0123456789\r\n")
-    for each, expected in ((hit, b"HTTP/1.1 200 OK"), (wrong, b"HTTP/1.1 401 ")):
-        with inline.connect() as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n" + each * 2000)
-            buffer = bytearray()
-            answers = [read_response(sock, buffer) for _ in range(2001)]
-        assert answers[0].startswith(b"HTTP/1.1 200 OK") and b'"store":"ok"' in answers[0]
-        assert all(a.startswith(expected) for a in answers[1:])
-        if each is hit:  # 3 per second on a frozen clock: the first three admitted, in order
-            allowed = [json.loads(a.split(b"\r\n\r\n")[1])["allowed"] for a in answers[1:]]
-            assert allowed == [True] * 3 + [False] * 1997
-
-
 def test_each_request_sees_the_effects_of_the_ones_before(inline: Served) -> None:
     """A hit pipelined after a kill switch flipped (an ASGI call) is decided after it."""
     toggle = json.dumps({"enabled": False}).encode()

@@ -128,14 +128,14 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
         raise Problem(
             url_line, f"store {redact(url)!r} is unknown; expected 'memory' or a redis:// URL"
         )
-    _check(url_line, url, "cluster url" if kind == "cluster" else "url", kind == "redis")
+    _check(url_line, url, "cluster url" if kind == "cluster" else "url", kind == "cluster")
     return replace(common, kind=kind, url=url)
 
 
-def _check(line: int, url: str, what: str, unix: bool = True) -> None:
+def _check(line: int, url: str, what: str, cluster: bool = False) -> None:
     """``url`` checked as the store will check it (``check_url``), its problem at ``line``."""
     try:
-        check_url(url, what, unix=unix)
+        check_url(url, what, cluster=cluster)
     except ConfigError as e:
         raise Problem(line, str(e)) from None
 

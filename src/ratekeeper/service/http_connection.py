@@ -165,6 +165,8 @@ class HttpConnection(asyncio.Protocol):
         self.done_reading = False
         """No request after those parsed will be read (close, EOF, error, shutdown)."""
         self.lingering = False
+        self.stopping = False
+        """The server is stopping: the last answer says ``connection: close``."""
         self.closed = False
         self.problem: BadRequest | None = None
         self.gone: asyncio.Future[None] | None = None
@@ -359,11 +361,7 @@ class HttpConnection(asyncio.Protocol):
                 break
             queue.popleft()
             wrote = True
-            close = (
-                request.close
-                or not request.keep_alive
-                or (self.done_reading and not queue and self.request is None)
-            )
+            close = request.close or not request.keep_alive or (self.stopping and not queue)
             out.append(self._encode(request, answer, close))
             if close:
                 self._write()
@@ -482,6 +480,7 @@ class HttpConnection(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """Stop reading; close once the requests already complete are answered."""
+        self.stopping = True
         self._stop_reading()
         if not self.queue and not self.closed:
             self.transport.close()

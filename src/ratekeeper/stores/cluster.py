@@ -91,7 +91,7 @@ class RedisClusterStore:
         if url is None and client is None and async_client is None:
             raise ConfigError("RedisClusterStore needs a url (redis://host:port) or a client")
         if url is not None:
-            check_url(url, "cluster url", unix=False)
+            check_url(url, "cluster url", cluster=True)
         self.url = url
         self.codec = Codec(prefix, layout)
         self.prefix = prefix

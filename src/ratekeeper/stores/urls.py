@@ -11,16 +11,17 @@ module finds the userinfo itself (``userinfo``): everything between ``//`` and t
   token) and the values of query parameters named like secrets as ``***``. Every message,
   ``repr`` and log line that shows a URL shows ``redact(url)``.
 - ``check_url`` refuses a userinfo with ``/``, ``?`` or ``#`` (percent-encoded, they mean
-  what they say), then checks the rest with the standard parser and redis-py's (the values
-  of its query options). The config reader and the stores call it alike, so
-  ``check-config`` refuses what ``serve`` refuses.
+  what they say), then checks the rest with the standard parser, and its options by making
+  (not connecting) a redis-py connection of it. The config reader and the stores call it
+  alike, so ``check-config`` refuses what ``serve`` refuses.
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from redis import ConnectionPool, RedisError
 from redis.connection import parse_url
 
 from ..errors import ConfigError
@@ -75,17 +76,18 @@ def scrub(text: str, url: str) -> str:
         secrets.add(rest.partition("?")[2][match.end(1) : match.end()])
     text = text.replace(url, redact(url))
     for secret in sorted(secrets, key=len, reverse=True):
-        for form in (secret, unquote(secret)):
+        plain = unquote(secret)
+        for form in (secret, plain, quote(plain, safe="")):
             if form:
                 text = text.replace(form, "***")
     return text
 
 
-def check_url(url: object, what: str = "url", host: bool = True, unix: bool = True) -> str:
+def check_url(url: object, what: str = "url", host: bool = True, cluster: bool = False) -> str:
     """A Redis URL: ``redis://`` or ``rediss://`` with a host (port, db optional), or
     ``unix://`` (module docstring). ``host=False``: the URL of servers Sentinel finds,
-    credentials, database and options without a host; ``unix=False``: not a socket path
-    (a cluster's)."""
+    credentials, database and options without a host; ``cluster``: a cluster's (no socket
+    path; options its client reads)."""
     shown = repr(redact(url))
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{what} {shown} is invalid; {_EXPECTED}")
@@ -112,7 +114,7 @@ def check_url(url: object, what: str = "url", host: bool = True, unix: bool = Tr
                 "without a host (Sentinel names it), e.g. 'redis://:secret@/0'"
             )
     elif parts.scheme == "unix":
-        if not unix:
+        if cluster:
             raise ConfigError(f"{what} {shown} is a unix socket; expected redis://host")
         if not parts.path:
             raise ConfigError(f"{what} {shown} has no socket path; {_EXPECTED}")
@@ -121,15 +123,21 @@ def check_url(url: object, what: str = "url", host: bool = True, unix: bool = Tr
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
     if db and not db.isdigit():
         raise ConfigError(f"{what} {shown} has database {db!r}; expected a number, e.g. /0")
-    _check_options(url, what, shown)
+    _check_options(url, what, shown, connection=not cluster)
     return url
 
 
-def _check_options(url: str, what: str, shown: str) -> None:
-    """The query's values, as redis-py reads them (its message scrubbed of secrets)."""
+def _check_options(url: str, what: str, shown: str, connection: bool) -> None:
+    """The query's options as redis-py reads them, and (``connection``) as a connection of
+    the URL takes them: a connection object is made, as the store will make it, without
+    connecting (an unknown option or a bad value raises there, not at the first request).
+    redis-py's message is scrubbed of secrets."""
     try:
-        parse_url(url)  # type: ignore[no-untyped-call]  # untyped in redis-py
-    except ValueError as exc:
+        if connection:
+            ConnectionPool.from_url(url).make_connection()
+        else:
+            parse_url(url)  # type: ignore[no-untyped-call]  # untyped in redis-py
+    except (ValueError, TypeError, RedisError) as exc:
         raise ConfigError(f"{what} {shown} is invalid: {scrub(str(exc), url)}") from None
 
 
