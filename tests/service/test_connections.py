@@ -245,3 +245,35 @@ def test_a_pipeline_behind_an_asgi_answer_is_answered_whole(tmp_path: Path) -> N
     finally:
         logs = proc.stop()
     assert "Traceback" not in logs and "RecursionError" not in logs
+
+
+def test_a_client_that_reads_nothing_is_cut_off(tmp_path: Path) -> None:
+    """Thousands of pipelined requests and no answer read: the server stops reading once its
+    send buffer is full, then cuts the client off after ``--send-timeout``; others are
+    served meanwhile."""
+    proc = serve(tmp_path, "--send-timeout", "1")
+    hit = (
+        b"POST /v1/hit HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(HIT), HIT)
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes little
+            sock.settimeout(0.5)
+            sent = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 15:
+                try:
+                    sent += sock.send(hit * 100)
+                except TimeoutError:  # the server stopped reading: its buffers are full
+                    break
+                except (ConnectionResetError, BrokenPipeError):
+                    break
+            with httpx.Client(base_url=proc.url, timeout=5) as http:  # others: served
+                assert http.get("/healthz").status_code == 200
+            time.sleep(3)  # past the send timeout, reading nothing
+            seen = read_until_closed(sock, time.monotonic() + 15)
+            assert seen is not None  # closed
+            assert seen.count(b"HTTP/1.1 200 ") < sent // len(hit)  # cut off, not served out
+    finally:
+        proc.stop()

@@ -139,7 +139,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         default=5.0,
         metavar="SECONDS",
         help="close an HTTP connection that sends no byte of a request this long after it "
-        "opened or after the previous answer (keep-alive; default: 5)",
+        "opened or after the previous answer, keep-alive (default: 5)",
     )
     parser.add_argument(
         "--send-timeout",

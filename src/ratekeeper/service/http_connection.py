@@ -183,8 +183,10 @@ class HttpConnection(asyncio.Protocol):
         self.feeding = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._stop_reading()  # answered as any request; what follows is not HTTP
+        except httptools.HttpParserUpgrade:  # answered as any request, then closed:
+            if self.queue:  # what follows it is not HTTP/1.1
+                self.queue[-1].close = True
+            self._stop_reading()
         except httptools.HttpParserError as exc:
             self._malformed(exc)
         finally:
