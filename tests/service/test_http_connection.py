@@ -233,3 +233,8 @@ def test_each_request_sees_the_effects_of_the_ones_before(inline: Served) -> Non
         answers = [read_response(sock, buffer) for _ in range(6)]
     allowed = [json.loads(a.split(b"\r\n\r\n")[1]).get("allowed") for a in answers]
     assert allowed == [True, True, True, False, None, True]  # 3/second; then switched off
+
+
+def test_an_absolute_form_target_is_its_path(inline: Served) -> None:
+    raw = b"GET http://localhost:80/healthz?x=1 HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    assert exchange(inline.port, [raw], shut=False).startswith(b"HTTP/1.1 200 OK")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -117,8 +118,14 @@ def test_sigterm_exits_0_while_starting_and_while_serving(unreachable: Path) -> 
     config = unreachable.with_name("memory.yaml")
     config.write_text("policies:\n  p:\n    rate: 5/second\n")
     serving = ServiceProcess(config, grpc=False)
-    serving.signal(signal.SIGTERM)
-    assert serving.proc.wait(20) == 0  # was 143: uvicorn raised the signal again
+    with socket.create_connection(("127.0.0.1", serving.port), timeout=10) as idle:
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")  # kept alive, now idle
+        started = time.monotonic()
+        serving.signal(signal.SIGTERM)
+        assert idle.recv(1) == b""  # an idle connection is closed at once
+        assert serving.proc.wait(20) == 0  # was 143: uvicorn raised the signal again
+        assert time.monotonic() - started < 4  # nothing to drain: no wait
 
 
 def envoy_directory(path: Path, files: int) -> Path:

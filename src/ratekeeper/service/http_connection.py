@@ -249,7 +249,10 @@ class HttpConnection(asyncio.Protocol):
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive()
-        raw, _, request.query = request.url.partition(b"?")
+        url = request.url
+        if url[:1] != b"/" and url != b"*":  # absolute-form (a proxy's): its path
+            url = _origin_form(url)
+        raw, _, request.query = url.partition(b"?")
         request.raw_path = raw
         text = raw.decode("latin-1")
         request.path = unquote(text) if "%" in text else text
@@ -549,6 +552,16 @@ def _framing(request: Request) -> BadRequest | None:
     if head.host is None and request.version == "1.1":
         return BadRequest("host", "an HTTP/1.1 request needs a Host header")
     return None
+
+
+def _origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form request target (``http://host/path?q``)."""
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return url
+    path = parsed.path or b"/"
+    return path + b"?" + parsed.query if parsed.query else path
 
 
 def _json(text: str) -> bytes:

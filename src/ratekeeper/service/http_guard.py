@@ -25,7 +25,7 @@ request without one is told so (401).
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import BadRequest
 
@@ -42,6 +42,7 @@ NOTED = {
 """The headers ``Head`` keeps (names lower case), and the slot each goes to."""
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SEEN = 256
 _JSON = b"application/json"
 
 
@@ -99,6 +100,8 @@ class BrowserRules:
 
     hosts: frozenset[str] | None = LOOPBACK_NAMES
     origins: frozenset[str] = frozenset()
+    _seen: dict[bytes, bool] = field(default_factory=dict, compare=False, repr=False)
+    """``Host`` values met, and whether each is served (at most ``_SEEN`` of them)."""
 
     @classmethod
     def for_listen(
@@ -126,8 +129,11 @@ class BrowserRules:
         if head.repeated is not None and "host" in head.repeated:
             raise BadRequest("host", "the request has more than one Host header")
         if host is not None and self.hosts is not None:
-            name = _host_name(host.decode("latin-1"))
-            if name not in self.hosts:
+            served = self._seen.get(host)
+            if served is None:
+                served = self._learn(host)
+            if not served:
+                name = _host_name(host.decode("latin-1"))
                 shown = name if len(name) <= 80 else name[:80] + "..."
                 raise BadRequest(
                     "host",
@@ -165,6 +171,16 @@ class BrowserRules:
                 "Authorization header",
                 415,
             )
+
+    def _learn(self, host: bytes) -> bool:
+        """Whether ``host`` is served, remembered (the memory is bounded: forgotten whole
+        when full, since a client may send any value)."""
+        assert self.hosts is not None
+        served = _host_name(host.decode("latin-1")) in self.hosts
+        if len(self._seen) >= _SEEN:
+            self._seen.clear()
+        self._seen[host] = served
+        return served
 
     def _same_origin(self, origin: bytes, host: bytes | None) -> bool:
         """Whether ``origin`` is the request's own host (any scheme) or an allowed one."""
