@@ -4,8 +4,8 @@ Servers, all started at once and loaded one at a time:
 
 - ``ceiling``: ``benchmarks/empty_service.py``: an empty ``grpc.aio`` ``ShouldRateLimit``
   handler returning a fixed response, and an empty ASGI route returning a fixed JSON
-  decision, served with the service's own settings (uvicorn config, gRPC options, uvloop);
-- ``ceil inline`` (HTTP only): the same fixed decision answered by the HTTP protocol itself,
+  decision, served with the service's own settings (its HTTP server, gRPC options, uvloop);
+- ``ceil inline`` (HTTP only): the same fixed decision answered by the HTTP connection itself,
   as ``ratekeeper serve`` answers its decision routes: the ceiling of that path;
 - ``memory``: ``ratekeeper serve`` on the memory store (gRPC on ``grpc.aio``);
 - ``memory thr`` (gRPC only): the same with ``--grpc-threads 2`` (handler threads decide);

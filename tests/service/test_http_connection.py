@@ -236,5 +236,6 @@ def test_each_request_sees_the_effects_of_the_ones_before(inline: Served) -> Non
 
 
 def test_an_absolute_form_target_is_its_path(inline: Served) -> None:
-    raw = b"GET http://localhost:80/healthz?x=1 HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    raw = b"GET http://localhost:80/healthz?x=1 HTTP/1.1\r\nhost: localhost\r\n"
+    raw += b"connection: close\r\n\r\n"
     assert exchange(inline.port, [raw], shut=False).startswith(b"HTTP/1.1 200 OK")

@@ -34,8 +34,8 @@ class Starting:
 
     def __init__(self, *args: str) -> None:
         command = [sys.executable, "-m", "ratekeeper.cli", "serve", "--port", "0", *args]
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        self.proc = subprocess.Popen(  # a process group of its own, as a shell's job
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0
         )
         self.out: list[str] = []
         self.err: list[str] = []
@@ -219,14 +219,15 @@ def slow_to_start(tmp_path: Path, redis_url: str) -> Iterator[Path]:
 
 
 def test_sighup_under_workers_reaches_only_workers_that_serve(slow_to_start: Path) -> None:
-    """SIGHUPs to the supervisor while its workers start kill nobody; once they serve, each
-    gets one (coalesced) and reloads; a burst later costs each at most two reloads."""
+    """SIGHUPs to the supervisor's process group (a terminal's hangup) while its workers
+    start kill nobody; once they serve, each gets one (coalesced) and reloads; a burst later
+    costs each at most two reloads."""
     starting = Starting("--config", str(slow_to_start), "--grpc-port", "0", "--workers", "2")
     try:
         eventually(lambda: starting.ignores(signal.SIGHUP), 20)
         while not any("supervisor " in line for line in starting.out):
             assert starting.proc.poll() is None, "".join(starting.err)
-            starting.proc.send_signal(signal.SIGHUP)
+            os.killpg(starting.proc.pid, signal.SIGHUP)
             time.sleep(0.05)
         url = f"http://127.0.0.1:{starting.port()}"
 

@@ -19,7 +19,9 @@ The supervisor
   (each reloads its config, and each watches config directories itself). SIGHUPs that come
   together are forwarded once; a worker still starting gets it once it serves;
 - on SIGTERM or SIGINT (also while starting) sends SIGTERM (and SIGCONT, for a stopped one)
-  to every worker, waits up to ``GRACE`` seconds, kills what is left, and exits 0.
+  to every worker, waits up to ``GRACE`` seconds, kills what is left, and exits 0. Each
+  worker is in a process group of its own, so a terminal's Ctrl-C or hangup reaches the
+  supervisor only, which passes it on as above.
 
 A worker stops by itself when its supervisor is gone. Each worker labels its metrics with
 ``worker="<i>"`` and publishes them to a directory the supervisor owns, so ``/metrics`` on
@@ -132,8 +134,11 @@ class Supervisor:
     def start(self, worker: _Worker) -> None:
         heart, beats = os.pipe()
         try:
-            proc = subprocess.Popen(
-                self.command(worker.index, beats), stdout=subprocess.PIPE, pass_fds=(beats,)
+            proc = subprocess.Popen(  # a process group of its own: a terminal's signals
+                self.command(worker.index, beats),  # (Ctrl-C, a hangup) reach the
+                stdout=subprocess.PIPE,  # supervisor, which passes them on
+                pass_fds=(beats,),
+                process_group=0,
             )
         finally:
             os.close(beats)
@@ -238,7 +243,7 @@ class Supervisor:
 
     def _reap(self) -> None:
         """Restart dead workers (with a growing delay while they die young)."""
-        if self.stopping:  # e.g. Ctrl-C reached the workers too: nothing to restart
+        if self.stopping:  # the workers are being stopped: nothing to restart
             return
         now = time.monotonic()
         for worker in self.workers:
