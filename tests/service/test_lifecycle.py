@@ -6,6 +6,7 @@ Real processes and real signals, bounded waits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -219,16 +220,20 @@ def slow_to_start(tmp_path: Path, redis_url: str) -> Iterator[Path]:
 
 
 def test_sighup_under_workers_reaches_only_workers_that_serve(slow_to_start: Path) -> None:
-    """SIGHUPs to the supervisor's process group (a terminal's hangup) while its workers
-    start kill nobody; once they serve, each gets one (coalesced) and reloads; a burst later
-    costs each at most two reloads."""
+    """SIGHUPs to the supervisor's process group (a terminal's hangup) and to every worker
+    (``pkill -HUP``) while the workers start kill nobody; once they serve, each gets one
+    (coalesced) and reloads; a burst later costs each at most two reloads."""
     starting = Starting("--config", str(slow_to_start), "--grpc-port", "0", "--workers", "2")
     try:
         eventually(lambda: starting.ignores(signal.SIGHUP), 20)
+        children = Path(f"/proc/{starting.proc.pid}/task/{starting.proc.pid}/children")
         while not any("supervisor " in line for line in starting.out):
             assert starting.proc.poll() is None, "".join(starting.err)
             os.killpg(starting.proc.pid, signal.SIGHUP)
-            time.sleep(0.05)
+            for child in children.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child), signal.SIGHUP)
+            time.sleep(0.02)
         url = f"http://127.0.0.1:{starting.port()}"
 
         def reloads() -> list[int]:

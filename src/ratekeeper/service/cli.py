@@ -206,7 +206,9 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the service with the parsed arguments."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until it serves (server.serve)
+    from .lifecycle import ignore_hangups
+
+    ignore_hangups()  # until it serves (server.serve)
     signal.signal(signal.SIGTERM, _stopped_while_starting)  # until it listens for it
     try:
         from .server import ServeOptions, serve

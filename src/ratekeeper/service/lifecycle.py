@@ -2,8 +2,9 @@
 
 - SIGHUP's default action kills a process. ``ignore_hangups`` sets it to nothing from the
   start of ``serve`` (and of the supervisor) until a reload handler replaces it once the
-  service serves; an ignored signal stays ignored across ``exec``, so a supervisor's workers
-  start with it ignored too.
+  service serves. A supervisor starts each worker with SIGHUP blocked (``hangups_blocked``:
+  a signal mask survives ``fork`` and ``exec``, a handler does not), and the worker unblocks
+  it once it ignores it, so a SIGHUP in between is dropped, not fatal.
 - ``on_signal`` runs a callback on the event loop when a signal comes (SIGTERM, SIGINT:
   drain and exit 0; SIGHUP: reload).
 - ``heartbeat``: a worker writes a byte to its supervisor every ``HEARTBEAT`` seconds from
@@ -17,15 +18,28 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 HEARTBEAT = 1.0
 """Seconds between a worker's heartbeats to its supervisor."""
 
 
 def ignore_hangups() -> None:
-    """SIGHUP does nothing until a handler replaces this (see the module docstring)."""
+    """SIGHUP does nothing until a handler replaces this (see the module docstring); one
+    blocked meanwhile (by a supervisor) is dropped."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def hangups_blocked() -> Iterator[None]:
+    """SIGHUP held back while a worker is started: it starts with SIGHUP blocked until it
+    ignores it (``ignore_hangups``); the supervisor gets one that came meanwhile after."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def on_signal(loop: asyncio.AbstractEventLoop, sig: int, callback: Callable[[], None]) -> bool:

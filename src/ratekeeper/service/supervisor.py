@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from . import config as config_mod
+from .lifecycle import hangups_blocked
 from .server import ServeOptions
 
 log = logging.getLogger("ratekeeper.service")
@@ -134,12 +135,13 @@ class Supervisor:
     def start(self, worker: _Worker) -> None:
         heart, beats = os.pipe()
         try:
-            proc = subprocess.Popen(  # a process group of its own: a terminal's signals
-                self.command(worker.index, beats),  # (Ctrl-C, a hangup) reach the
-                stdout=subprocess.PIPE,  # supervisor, which passes them on
-                pass_fds=(beats,),
-                process_group=0,
-            )
+            with hangups_blocked():  # until the worker ignores SIGHUP (lifecycle)
+                proc = subprocess.Popen(  # a process group of its own: a terminal's
+                    self.command(worker.index, beats),  # signals (Ctrl-C, a hangup) reach
+                    stdout=subprocess.PIPE,  # the supervisor, which passes them on
+                    pass_fds=(beats,),
+                    process_group=0,
+                )
         finally:
             os.close(beats)
         assert proc.stdout is not None
