@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import string
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -22,7 +24,6 @@ from ratekeeper.errors import ConfigError, StoreUnavailable
 from ratekeeper.service import config
 from ratekeeper.service.server import ServeOptions, Service
 from ratekeeper.stores.urls import check_url, redact, scrub
-from tests import redis_servers as rs
 
 PRINTABLE = string.printable[:95]  # 0x20 to 0x7e: every printable ASCII character
 PIECES = ("S3cr", "tP4ss", "W0rd")
@@ -84,12 +85,21 @@ def exercise(path: Path, caplog: pytest.LogCaptureFixture) -> tuple[bool, list[s
     return False, texts
 
 
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port bound and not listening for the test's length: a connection is refused, and
+    no other server can take the port meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
 @pytest.mark.parametrize("encode", [False, True], ids=["raw", "percent-encoded"])
 def test_no_character_shows_the_password(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, encode: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, encode: bool, closed_port: int
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    port = rs.free_port()  # nothing listens: every store fails to connect
+    port = closed_port  # every store fails to connect
     seen: dict[str, list[str]] = {}
     for char in PRINTABLE:
         for kind, store in stores(char, port, encode).items():

@@ -23,7 +23,6 @@ import pytest
 
 from ratekeeper.service import config as config_mod
 from ratekeeper.service.server import ServeOptions, Service
-from tests import redis_servers as rs
 from tests.service.proc import ServiceProcess
 from tests.service.test_workers import Workers, write
 
@@ -83,12 +82,14 @@ def eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
 
 
 @pytest.fixture
-def unreachable(tmp_path: Path) -> Path:
-    """A config whose Redis never answers (a port nothing listens on)."""
-    config = tmp_path / "down.yaml"
-    url = f"redis://127.0.0.1:{rs.free_port()}/0"
-    config.write_text(f"store:\n  url: {url}\npolicies:\n  p:\n    rate: 5/second\n")
-    return config
+def unreachable(tmp_path: Path) -> Iterator[Path]:
+    """A config whose Redis never answers (a port bound, not listening, for the test)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        config = tmp_path / "down.yaml"
+        url = f"redis://127.0.0.1:{held.getsockname()[1]}/0"
+        config.write_text(f"store:\n  url: {url}\npolicies:\n  p:\n    rate: 5/second\n")
+        yield config
 
 
 def test_sighup_while_starting_is_ignored(unreachable: Path) -> None:
