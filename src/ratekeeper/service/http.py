@@ -201,12 +201,12 @@ class HttpApi:
                     self._authorize(head.authorization, access == "admin")
             self.rules.check_content(method, head)
             length = head.content_length
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+            if length is not None:
                 if not length.isdigit():
                     raise BadRequest("body", f"content-length {length!r} is invalid", 400)
-                raise BadRequest(
-                    "body", f"body is {int(length)} bytes; the limit is {MAX_BODY}", 413
-                )
+                if int(length) > MAX_BODY:
+                    size = f"body is {int(length)} bytes; the limit is {MAX_BODY}"
+                    raise BadRequest("body", size, 413)
         except BadRequest as exc:
             return self._refused(exc, path)
         return None
