@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ratekeeper import ManualClock, RedisStore
-from ratekeeper.service.http import MAX_BODY
+from ratekeeper.service.http import MAX_BODY, ROUTES
 from tests.service import test_http_hit
 from tests.service.served import KINDS, Served, read_response
 
@@ -239,3 +239,21 @@ def test_an_absolute_form_target_is_its_path(inline: Served) -> None:
     raw = b"GET http://localhost:80/healthz?x=1 HTTP/1.1\r\nhost: localhost\r\n"
     raw += b"connection: close\r\n\r\n"
     assert exchange(inline.port, [raw], shut=False).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_every_route_checks_its_token_before_the_body(inline: Served) -> None:
+    """A head announcing a body that never comes: every route that needs a token answers
+    401 at once, without waiting for the body."""
+    for route in ROUTES:
+        if route.access == "public":
+            continue
+        path = route.path.replace("{name}", "fixed").encode()
+        head = b"%s %s HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n" % (
+            route.method.encode(),
+            path,
+        )
+        with inline.connect() as sock:
+            sock.settimeout(5)
+            sock.sendall(head + b"content-length: 100\r\n\r\n{")
+            answer = read_response(sock, bytearray())
+        assert answer.startswith(b"HTTP/1.1 401 "), (route, answer)
