@@ -41,7 +41,8 @@ from datetime import UTC, datetime
 from ratekeeper import Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.plan import make_policy
-from ratekeeper.simulate.logs import LogReader, open_log
+from ratekeeper.simulate.lines import open_log
+from ratekeeper.simulate.logs import LogReader
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 
