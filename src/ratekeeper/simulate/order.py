@@ -98,7 +98,7 @@ def ordered_runs(batches: Iterable[list[Run]], window: float, skew: Skew) -> Ite
             if t > newest:
                 newest = t
                 edge = t - window
-                while times[0] <= edge:
+                while times and times[0] <= edge:
                     done = pop(times)
                     out.append((done, pending.pop(done)))
         if out:
