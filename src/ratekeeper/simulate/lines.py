@@ -35,6 +35,8 @@ OVERLONG = "\x00overlong:"
 """How a dropped line's stand-in starts: a NUL and no space, so no format matches it."""
 HEAD = 200
 """Characters of a dropped line kept to show."""
+KEPT = 100
+"""Dropped lines whose first characters are kept (the report shows the first few bad lines)."""
 
 
 def open_log(path: str) -> IO[bytes]:
@@ -105,6 +107,8 @@ class Blocks:
                     if held > limit:
                         dropping = True
                         parts = [self._head(parts)]
+                elif len(parts[0]) < HEAD:  # keep its first characters to show
+                    parts[0] += chunk[: HEAD - len(parts[0])]
                 continue
             end = chunk.rfind("\n") + 1
             if held + nl > limit:
@@ -135,7 +139,7 @@ class Blocks:
         return head
 
     def _stand_in(self, parts: list[str], tail: str, length: int) -> str:
-        head = self._head([*parts, tail])
+        head = self._head([*parts, tail]) if len(self.overlong) < KEPT else ""
         self.overlong.append((length, head))
         return f"{OVERLONG}{len(self.overlong) - 1}\n"
 
