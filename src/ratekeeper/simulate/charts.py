@@ -77,10 +77,11 @@ class Frame:
         return H - BOTTOM - (H - TOP - BOTTOM) * frac
 
 
-def _svg(label: str, parts: list[str], width: int = W, height: int = H) -> str:
+def _svg(label: str, parts: list[str], width: int = W, height: int = H, kind: str = "") -> str:
     return (
-        f'<svg class=chart width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'role="img" aria-label="{esc(label)}">{"".join(parts)}</svg>'
+        f'<svg class="chart {kind}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(label)}">'
+        f"{''.join(parts)}</svg>"
     )
 
 
@@ -121,7 +122,7 @@ def _legend(items: Sequence[tuple[str, str, str]], x: float = LEFT) -> list[str]
                 'stroke-width="2" stroke-dasharray="4 3"/>'
             )
         parts.append(f'<text class=legend x="{x + 18:.0f}" y="17">{esc(label)}</text>')
-        x += 26 + 6.5 * len(label)
+        x += 30 + 7 * len(label)
     return parts
 
 
@@ -160,7 +161,7 @@ def timeline(
         [(COLORS["requests"], "requests", "box"), (COLORS["rejected"], "would be rejected", "box"),
          (COLORS["gap"], "no lines in the log", "box")]
     )  # fmt: skip
-    return _svg("requests and would-be rejections over time", parts)
+    return _svg("requests and would-be rejections over time", parts, kind="timeline")
 
 
 def _gaps(
@@ -229,7 +230,7 @@ def sparkline(
                 f'<rect fill="{color}" x="{1 + (b - start) * scale:.1f}" '
                 f'y="{height - 1 - h:.1f}" width="{bar:.1f}" height="{h:.1f}"/>'
             )
-    return _svg("this key's requests and rejections over time", parts, width, height)
+    return _svg("this key's requests and rejections over time", parts, width, height, "spark")
 
 
 def histogram(
@@ -239,6 +240,7 @@ def histogram(
     log y scale, with ``marks``: (kind, count, label) drawn as vertical lines."""
     if not bins:
         return "<p class=muted>no keys</p>"
+    bins = _through(bins, max((c for _, c, _ in marks if c is not None), default=1))
     n = len(bins)
     top = max(int(c) for _, c in bins) or 1
     frame = Frame(0, n, 10 ** math.ceil(math.log10(top + 1)), log_y=True)
@@ -283,7 +285,19 @@ def histogram(
         "(power-of-two bins)</text>"
     )
     parts += _legend(legend)
-    return _svg("keys by peak usage", parts)
+    return _svg("keys by peak usage", parts, kind="histogram")
+
+
+def _through(bins: Sequence[Sequence[Any]], count: int) -> list[Sequence[Any]]:
+    """``bins`` with empty ones added up to the bin of ``count`` (so a mark above every key's
+    peak still falls on the axis), before the bin of needs past the algorithm's counts."""
+    finite = [b for b in bins if b[0] is not None]
+    rest = [b for b in bins if b[0] is None]
+    top = int(finite[-1][0]) if finite else 1
+    while top < count:
+        top *= 2
+        finite.append([float(top), 0])
+    return [*finite, *rest]
 
 
 def _mark_x(bins: Sequence[Sequence[Any]], count: int, frame: Frame) -> float | None:
