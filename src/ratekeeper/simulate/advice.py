@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..rates import Rate
 from .suggest import Demand, Suggestion, suggest
 
 KNEE_RATIO = 2.0
@@ -77,8 +78,6 @@ def advise(
 
 def suggest_count(needs: Sequence[float], count: int, algorithm: str, period: float) -> Suggestion:
     """``count`` as a ``Suggestion``: the keys it limits."""
-    from ..rates import Rate
-
     limited = sum(1 for x in needs if x > count)
     return Suggestion(algorithm, count, Rate(count, period).code, limited, limited)
 

@@ -31,7 +31,12 @@ from typing import Any
 
 MAX_DEPTH = 16
 """Deepest nesting of a line's objects and lists (real logs nest three or four levels)."""
-TIME_FIELDS = ("time", "timestamp", "ts", "@timestamp", "time_local", "date", "datetime")
+TIME_FIELDS = (
+    "time", "timestamp", "ts", "@timestamp", "time_iso8601", "time_local", "msec", "date",
+    "datetime",
+)  # fmt: skip
+"""Where a JSON line's time is looked for, in order (nginx's ``$time_iso8601``,
+``$time_local`` and ``$msec`` among them)."""
 KNOWN_ALIASES: dict[str, tuple[str, ...]] = {
     "ip": ("ip", "remote_addr", "client_ip", "client", "remote_ip", "clientip", "peer",
            "client_addr", "remote_address", "source.ip", "client.ip"),
