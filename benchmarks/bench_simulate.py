@@ -18,7 +18,8 @@ With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C D
 whole-replay rows and the hostile-input rows run again as child processes, alternately from
 this checkout and from ``DIR`` (its ``src`` first on ``PYTHONPATH``), in the same run: the
 before/after of a change, side by side. The hostile rows read one 50 MB line (``--huge``
-MB) and the same size of ordinary lines: reading must stay linear.
+MB, between two ordinary lines) and the same size of ordinary lines: reading must stay
+linear.
 
 Run::
 
@@ -167,14 +168,17 @@ def child(checkout: str, row: str, path: str) -> float:
 
 
 def write_huge(path: str, megabytes: int, one_line: bool) -> None:
-    """``megabytes`` MB of one combined line (a path that long), or of ordinary lines."""
+    """``megabytes`` MB of ordinary lines, or of one combined line (a path that long)
+    between two ordinary ones (a first line is read whole by other means: not the case to
+    measure)."""
     size = megabytes << 20
+    line = '10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] "GET /api/items HTTP/1.1" 200 512\n'
     with open(path, "w") as f:
         if one_line:
             head = '10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] "GET /'
-            f.write(head + "a" * (size - len(head) - 30) + ' HTTP/1.1" 200 512 "-" "x"\n')
+            f.write(line + head + "a" * (size - len(head) - 2 * len(line) - 30))
+            f.write(' HTTP/1.1" 200 512 "-" "x"\n' + line)
         else:
-            line = '10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] "GET /api/items HTTP/1.1" 200 512\n'
             f.write(line * (size // len(line)))
 
 
