@@ -227,3 +227,11 @@ def test_w3c_fields_may_change_mid_file() -> None:
         ("192.0.2.2", "/b"),
     ]
     assert reader.stats.samples[0][2] == "4 values; #Fields: names 5"
+
+
+def test_the_time_field_may_be_named_in_every_line_format() -> None:
+    """ALB's ``time`` (when the answer left) instead of ``request_creation_time``."""
+    entries, _ = read(DATA / "alb.log", time_field="time")
+    assert entries[0][0] == pytest.approx(1530570180.186641)
+    entries, reader = read(DATA / "iis.log", time_field="nope")
+    assert entries == [] and "no time field (nope" in reader.stats.samples[0][2]

@@ -61,7 +61,7 @@ def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
     fmt = p.add_argument_group("input")
     fmt.add_argument("--format", default="auto", choices=FORMATS,
                      help="the logs' format (default: detected from a sample of each)")  # fmt: skip
-    fmt.add_argument("--time-field", help="JSON/CSV field holding the time (dotted for nested)")
+    fmt.add_argument("--time-field", help="the field holding the time (dotted for nested JSON)")
     fmt.add_argument("--field", action="append", default=[], metavar="NAME=SOURCE",
                      help="take field NAME (ip, user, path, ...) from SOURCE, e.g. "
                      "ip=request.remote_ip")  # fmt: skip

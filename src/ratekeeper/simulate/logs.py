@@ -274,6 +274,8 @@ class LogReader:
                     for name, source in aliases:
                         if source in fields:
                             fields[name] = fields[source]
+                    if time_field is not None:  # W3C and ALB logs too
+                        when = fields.get(time_field)
                     if when is None:
                         tried = time_field or "the format's time fields"
                         self._bad_line(n, line, f"no time field ({tried}; use --time-field)")
