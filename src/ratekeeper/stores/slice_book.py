@@ -1,0 +1,291 @@
+"""``SliceBook``: what one process holds of each sliced key, and the rules for spending it.
+
+Sans-I/O: ``local_budget`` drives it and does the store calls. Per (slot, caller key) a
+``Held`` keeps the live slice (``until``, ``unspent``, ``granted``), what the store said at the
+last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` until, ``retry_at``),
+the key's recent demand and the debt of decisions made without the store (fail-local).
+
+- **Spend** (``spend``, the hot path): a hit whose cost the slice covers is admitted here;
+  ``remaining`` is an estimate: what the store had left at the last take plus the unspent part
+  (other processes' spending since is not seen). A key the store just rejected is answered
+  here too, rejected, until ``blocked`` (see below). Otherwise the store must be asked.
+- **Ask** (``ask``): the next take. ``want`` is the process's own recent demand for the key
+  (units per ms, averaged over takes) times ``horizon_ms``, at least the request's cost and at
+  most ``max_slice``; the store caps it by what is left (``slices``: a share of it). The
+  current slice is detached and settled by the same call: its unspent units go back, its
+  reservation is released. A take that fails loses the detached slice: it may have been given
+  back before the failure, and spending it too could admit it twice.
+- **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
+  another thread installed meanwhile joins it; otherwise the older one is queued to be given
+  back). A rejection holds the key for its retry time, at least ``horizon_ms / 10`` and at most
+  ``horizon_ms``: rejections meanwhile cost no store call, and a give-back by another process
+  is seen at most ``horizon_ms`` later.
+- **False rejections** (an upper bound): a rejection is counted as possibly false when the
+  store said other processes held, in live slices, at least what the request lacked (their
+  unspent part is not known at that instant); the local rejections of the hold that follows
+  are counted the same way.
+
+Thread-safe: one lock around each operation (``spend`` is a few attribute reads and writes).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..algorithms.base import INF, Limit, Outcome, new_outcome
+from ..algorithms.slices import Ask, Taken
+from ..plan import Policy
+
+
+class Held:
+    """One sliced key of this process (see the module)."""
+
+    __slots__ = (
+        "blocked", "debt", "debt_until", "demand", "granted", "key", "limit", "name", "policy",
+        "rate", "remaining", "reset_ms", "retry_at", "retry_at_inf", "since", "slot", "suspect",
+        "takes", "unspent", "until", "used",
+    )  # fmt: skip
+
+    def __init__(self, slot: str, key: str, policy: Policy, now: int) -> None:
+        self.slot = slot
+        self.key = key
+        self.policy = policy
+        self.name = policy.algorithm.NAME
+        self.limit: Limit = policy.limits[0]
+        self.until = self.unspent = self.granted = 0
+        self.remaining = self.limit.capacity
+        self.reset_ms = now
+        self.blocked = self.retry_at = 0
+        self.retry_at_inf = False
+        self.suspect = False
+        self.demand = 0
+        self.since = now
+        self.rate = 0.0
+        self.takes = 0
+        self.used = now
+        self.debt = self.debt_until = 0
+
+
+@dataclass(slots=True)
+class Settle:
+    """A detached slice to give back: the key it came from, its size, unspent units, expiry."""
+
+    held: Held
+    granted: int
+    unspent: int
+    until: int
+
+
+@dataclass(slots=True)
+class Counts:
+    """What the book did (``LocalBudget.stats``)."""
+
+    spent: int = 0
+    local_rejections: int = 0
+    false_rejections: int = 0
+    slices_taken: int = 0
+    units_taken: int = 0
+    slices_returned: int = 0
+    units_returned: int = 0
+    units_expired: int = 0
+    debt_charged: int = 0
+
+
+class SliceBook:
+    """The slices this process holds, by (slot, caller key)."""
+
+    def __init__(self, horizon_ms: int, max_slice: int, epoch_ms: int) -> None:
+        self.horizon_ms = horizon_ms
+        self.max_slice = max_slice
+        self.epoch_ms = epoch_ms
+        self.held: dict[tuple[str, str], Held] = {}
+        self.lock = threading.Lock()
+        self.counts = Counts()
+        self.settles: list[Settle] = []
+        """Slices waiting to be given back (``local_budget`` sends them)."""
+
+    def entry(self, slot: str, key: str, policy: Policy, now: int) -> Held:
+        """The key's ``Held``, made on first use."""
+        h = self.held.get((slot, key))
+        if h is None or h.policy is not policy:
+            with self.lock:
+                h = self.held.get((slot, key))
+                if h is None or h.policy.limits[0] != policy.limits[0]:
+                    h = self.held[(slot, key)] = Held(slot, key, policy, now)
+        return h
+
+    def spend(self, h: Held, now: int, cost: int) -> Outcome | None:
+        """The hit answered here (see the module), or None: the store must be asked."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            if h.until > now and h.unspent >= cost:
+                h.unspent -= cost
+                h.demand += cost
+                h.used = now
+                self.counts.spent += 1
+                return new_outcome((True, h.remaining + h.unspent, h.reset_ms, 0.0))
+            if h.blocked > now:
+                h.demand += cost
+                counts = self.counts
+                counts.local_rejections += 1
+                if h.suspect:
+                    counts.false_rejections += 1
+                retry = INF if h.retry_at_inf else h.retry_at - now if h.retry_at > now else 0
+                return new_outcome((False, h.remaining, h.reset_ms, retry))
+            return None
+        finally:
+            lock.release()
+
+    def ask(self, h: Held, now: int, cost: int, share: int) -> Ask:
+        """The next take for ``h``'s key: its slice detached and settled by it (see the module)."""
+        with self.lock:
+            h.demand += cost
+            elapsed = now - h.since
+            if h.takes:  # the demand since the last take, per ms, averaged with the last
+                rate = h.demand / (elapsed if elapsed > 0 else 1)
+                h.rate = rate if h.takes == 1 else (h.rate + rate) / 2
+            h.takes += 1
+            h.demand = 0
+            h.since = now
+            want = int(h.rate * self.horizon_ms + 0.5)  # the first take: the cost alone
+            want = min(self.max_slice, want) if want > cost else cost
+            settle, release, until = self._detach(h, now)
+            debt = h.debt if h.debt_until > now else 0
+            return Ask(cost, want, share, debt, settle, release, until, self.epoch_ms)
+
+    def _detach(self, h: Held, now: int) -> tuple[int, int, int]:
+        """The slice taken off ``h``: (unspent, size, expiry) to settle, or zeros."""
+        until, unspent, granted = h.until, h.unspent, h.granted
+        h.until = h.unspent = h.granted = 0
+        if until <= now:
+            self.counts.units_expired += unspent
+            return 0, 0, 0
+        return unspent, granted, until
+
+    def install(self, h: Held, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
+        """The take's answer applied (see the module); the request's outcome."""
+        granted = taken.granted
+        counts = self.counts
+        with self.lock:
+            if ask.release:
+                counts.slices_returned += 1
+                counts.units_returned += taken.returned
+                counts.units_expired += ask.settle - taken.returned
+            if ask.debt:
+                counts.debt_charged += taken.charged
+                h.debt -= ask.debt  # what was not charged found the key empty: dropped
+                if h.debt <= 0:
+                    h.debt = h.debt_until = 0
+            h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
+            if not granted:
+                missing = cost - taken.remaining
+                h.suspect = taken.held >= missing
+                counts.false_rejections += h.suspect
+                retry = taken.retry_ms
+                hold = self.horizon_ms if retry == INF else int(retry)
+                hold = max(self.horizon_ms // 10 or 1, min(self.horizon_ms, hold))
+                if h.name == "fixed_window" and retry != INF and hold > retry:
+                    hold = int(retry)  # never into the next window
+                h.blocked = now + hold
+                h.retry_at_inf = retry == INF
+                h.retry_at = 0 if retry == INF else now + int(retry)
+                return new_outcome((False, taken.remaining, taken.reset_ms, retry))
+            counts.slices_taken += 1
+            counts.units_taken += granted
+            h.blocked = 0
+            h.suspect = False
+            h.used = now
+            if h.until > now and h.until != taken.expires_ms:  # another thread's slice
+                self.settles.append(Settle(h, h.granted, h.unspent, h.until))
+                h.until = h.unspent = h.granted = 0
+            if h.until == taken.expires_ms:
+                h.granted += granted
+                h.unspent += granted - cost
+            else:
+                h.until, h.granted, h.unspent = taken.expires_ms, granted, granted - cost
+            return new_outcome((True, taken.remaining + h.unspent, taken.reset_ms, 0.0))
+
+    def idle(self, now: int, idle_ms: int, most: int) -> list[Settle]:
+        """Up to ``most`` slices to give back: queued ones, then those unused for
+        ``idle_ms`` (detached here); slices that ended are dropped."""
+        with self.lock:
+            out, self.settles = self.settles[:most], self.settles[most:]
+            for h in self.held.values():
+                if len(out) >= most:
+                    break
+                if h.until and (h.until <= now or h.used <= now - idle_ms):
+                    unspent, granted, until = self._detach(h, now)
+                    if granted:
+                        out.append(Settle(h, granted, unspent, until))
+            return out
+
+    def give_all(self, now: int) -> list[Settle]:
+        """Every live slice, detached (at shutdown)."""
+        return self.idle(now, -1, len(self.held) + len(self.settles))
+
+    def settled(self, s: Settle, taken: Taken) -> None:
+        """A give-back answered."""
+        with self.lock:
+            self.counts.slices_returned += 1
+            self.counts.units_returned += taken.returned
+            self.counts.units_expired += s.unspent - taken.returned
+
+    def refund(self, slot: str, key: str, now: int, cost: int) -> bool:
+        """A refund put back into the key's live slice, if it spent at least ``cost``."""
+        h = self.held.get((slot, key))
+        with self.lock:
+            if h is None or h.until <= now or h.granted - h.unspent < cost:
+                return False
+            h.unspent += cost
+            return True
+
+    def peeked(
+        self, slot: str, key: str, now: int, cost: int, outcomes: tuple[Outcome, ...]
+    ) -> tuple[Outcome, ...]:
+        """The store's peek, with the key's unspent slice added to what it has left."""
+        h = self.held.get((slot, key))
+        if h is None or h.until <= now or not h.unspent or len(outcomes) != 1:
+            return outcomes
+        o = outcomes[0]
+        if o.allowed or h.unspent < cost:
+            return (new_outcome((o.allowed, o.remaining + h.unspent, o.reset_ms, o.retry_ms)),)
+        return (new_outcome((True, o.remaining + h.unspent, o.reset_ms, 0.0)),)
+
+    def owe(self, h: Held, now: int, units: int, until: int) -> None:
+        """Units the key admitted without the store (fail-local), to charge when it answers."""
+        with self.lock:
+            h.debt = units if h.debt_until <= now else h.debt + units
+            h.debt_until = max(h.debt_until, until)
+
+    def owing(self, now: int) -> list[Held]:
+        """The keys with a debt that still matters."""
+        with self.lock:
+            return [h for h in self.held.values() if h.debt and h.debt_until > now]
+
+    def charged(self, h: Held, taken: Taken, ask: Ask) -> None:
+        """A debt's charge answered (what found the key empty is dropped)."""
+        with self.lock:
+            self.counts.debt_charged += taken.charged
+            h.debt -= ask.debt
+            if h.debt <= 0:
+                h.debt = h.debt_until = 0
+
+    def forget(self, slot: str, key: str) -> None:
+        """Drop the key's slice (its state was reset)."""
+        with self.lock:
+            self.held.pop((slot, key), None)
+
+    def trim(self, now: int, most: int) -> None:
+        """Keep at most ``most`` keys: drop those holding nothing (no live slice, hold or
+        debt), oldest first."""
+        with self.lock:
+            if len(self.held) <= most:
+                return
+            for k, h in list(self.held.items()):
+                if h.until <= now and h.blocked <= now and not h.debt:
+                    self.counts.units_expired += h.unspent if h.until else 0
+                    del self.held[k]
+                    if len(self.held) <= most * 3 // 4:
+                        break
