@@ -7,7 +7,9 @@ slice (``settle``, naming it by its ``until``), charge what it admitted on its o
 store was unreachable (``debt``, never past empty), and grant a new slice of at least ``need``
 units (the request's cost) and at most ``want``, or nothing. A grant is at most
 ``max(need, available // share)``: near the limit slices shrink, so little budget sits unspent
-in other processes when one of them runs out. ``need=0`` only settles and charges.
+in other processes when one of them runs out. ``need=0`` only settles and charges;
+``share=0`` is a peek: it grants nothing (and, with nothing to settle or charge, writes
+nothing), and answers what a take of ``need`` would find.
 
 The rule per algorithm (``SLICED``; the others are decided exactly, one store call each):
 
@@ -64,7 +66,7 @@ class Ask(NamedTuple):
     want: int
     """The most it would like (>= need)."""
     share: int
-    """A grant is at most max(need, available // share)."""
+    """A grant is at most max(need, available // share); 0: a peek, grants nothing."""
     debt: int = 0
     """Units it admitted without the store, charged now (never past empty)."""
     settle: int = 0
@@ -87,7 +89,7 @@ class Taken(NamedTuple):
     reset_ms: int
     """As the algorithm's step reports it (a window's end, a bucket full again)."""
     retry_ms: float
-    """0 unless rejected: when ``need`` could fit at the earliest; INF if never."""
+    """0 when ``need`` fits; else when it could fit at the earliest, INF if never."""
     expires_ms: int
     """When the granted slice expires (fixed_window: the window's end)."""
     held: int
@@ -122,7 +124,7 @@ def _release(pairs: Pairs, expires: int, units: int) -> Pairs:
 
 
 def _grant(ask: Ask, available: int) -> int:
-    if ask.need <= 0 or ask.need > available:
+    if ask.need <= 0 or ask.need > available or ask.share <= 0:
         return 0
     split = available // ask.share
     most = ask.need if split < ask.need else split
@@ -182,7 +184,7 @@ def _window(
     pairs = _add(pairs, end, granted)
     changed = bool(returned or charged or granted or (ask.release > 0 and ask.until == end))
     retry: float = 0
-    if ask.need > 0 and not granted:
+    if ask.need > available - charged:
         retry = end - now if ask.need <= most else INF
     held = sum(u for _, u in pairs)
     left = most - count if count < most else 0
@@ -213,6 +215,7 @@ def _bucket(
         scaled = min((burst - held) * period, scaled + (now - t) * rate)
         updated = now
     else:  # a clock behind the last writer refills nothing (as the algorithm's step)
+        held = sum(u for e, u in pairs if e > now)
         scaled = min(scaled, (burst - held) * period)
     pairs = live(pairs, now)
     returned = 0
@@ -227,6 +230,7 @@ def _bucket(
     available = scaled // period
     charged = ask.debt if ask.debt < available else available
     scaled -= charged * period
+    short = ask.need > available - charged
     granted = _grant(ask, available - charged)
     scaled -= granted * period
     epoch = ask.epoch_ms
@@ -235,7 +239,7 @@ def _bucket(
     since = updated if updated > now else now
     reset = since - (-(full - scaled) // rate)
     retry: float = 0
-    if ask.need > 0 and not granted:
+    if short:
         retry = INF if ask.need > burst else since - now - (-(ask.need * period - scaled) // rate)
     held = sum(u for _, u in pairs)
     answer = Taken(granted, scaled // period, reset, retry, expires, held, returned, charged)
@@ -273,13 +277,14 @@ def _gcra(
     available = ahead // t if ahead > 0 else 0
     charged = ask.debt if ask.debt < available else available
     tat += charged * t
+    short = ask.need > available - charged
     granted = _grant(ask, available - charged)
     tat += granted * t
     epoch = ask.epoch_ms
     expires = (now // epoch + 2) * epoch
     pairs = _add(pairs, expires, granted)
     retry: float = 0
-    if ask.need > 0 and not granted:
+    if short:
         retry = INF if ask.need > burst else -(-(tat + ask.need * t - tau - now_us) // 1000)
     ahead = now_us + tau - tat
     left = ahead // t if ahead > 0 else 0

@@ -316,15 +316,17 @@ class LocalBudget:
                 taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
                 outcome = book.install(h, now, plan.cost, taken, ask)
             return (outcome,)
+        if op == "peek":  # through the slices' script: it sees the reservation, writes nothing
+            name, limit = policy.algorithm.NAME, policy.limits[0]
+            ask = Ask(plan.cost, plan.cost, 0, epoch_ms=self._epoch_ms)
+            taken = yield ("take", SliceCall(key, slot, name, limit, now, ask))
+            return (book.peeked(slot, key, now, plan.cost, taken),)
         if op == "refund" and book.refund(slot, key, now, plan.cost):
             return ()
         if op == "reset":
             book.forget(slot, key)
             yield ("forget", (key, slot))
-        outcomes = yield ("plan", plan)
-        if op == "peek":
-            return book.peeked(slot, key, now, plan.cost, outcomes)
-        return outcomes
+        return (yield ("plan", plan))
 
     def _upkeep(self, now: int, force: bool = False) -> Steps:
         if os.getpid() != self._pid:  # forked: the parent's slices and id are not ours

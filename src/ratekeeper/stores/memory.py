@@ -156,8 +156,8 @@ class MemoryStore:
         """Run ``change`` over the live states of ``keys`` ((slot, caller key) pairs; None
         when missing) under the lock: an atomic read-modify-write, what a Lua script is to
         Redis (``local_budget``'s slices and heartbeats run here in process). ``change``
-        returns its result and, per key, the entry to write ((expires_ms, state), or None to
-        delete), or None to write nothing."""
+        returns its result and, per key, the entry to write ((expires_ms, state); None, or an
+        expiry not after ``now_ms``, deletes), or None to write nothing."""
         with self._lock:
             data = self._data
             states = []
@@ -170,9 +170,9 @@ class MemoryStore:
             result, writes = change(states)
             if writes is not None:
                 for k, write in zip(keys, writes, strict=True):
-                    if write is None:
+                    if write is None or write[0] <= now_ms:  # ended: the same as no state
                         data.pop(k, None)
-                    elif write[0] > now_ms:
+                    else:
                         self._write(k, write[0], write[1], now_ms)
             return result
 

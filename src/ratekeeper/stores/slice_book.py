@@ -241,17 +241,15 @@ class SliceBook:
             h.unspent += cost
             return True
 
-    def peeked(
-        self, slot: str, key: str, now: int, cost: int, outcomes: tuple[Outcome, ...]
-    ) -> tuple[Outcome, ...]:
-        """The store's peek, with the key's unspent slice added to what it has left."""
+    def peeked(self, slot: str, key: str, now: int, cost: int, taken: Taken) -> Outcome:
+        """A peek's answer: what the store has (a take with ``share=0``) plus the key's
+        unspent slice."""
         h = self.held.get((slot, key))
-        if h is None or h.until <= now or not h.unspent or len(outcomes) != 1:
-            return outcomes
-        o = outcomes[0]
-        if o.allowed or h.unspent < cost:
-            return (new_outcome((o.allowed, o.remaining + h.unspent, o.reset_ms, o.retry_ms)),)
-        return (new_outcome((True, o.remaining + h.unspent, o.reset_ms, 0.0)),)
+        unspent = h.unspent if h is not None and h.until > now else 0
+        remaining = taken.remaining + unspent
+        if taken.retry_ms == 0 or unspent >= cost:
+            return new_outcome((True, remaining, taken.reset_ms, 0.0))
+        return new_outcome((False, remaining, taken.reset_ms, taken.retry_ms))
 
     def owe(self, h: Held, now: int, units: int, until: int) -> None:
         """Units the key admitted without the store (fail-local), to charge when it answers."""

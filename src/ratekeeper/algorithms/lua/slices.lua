@@ -7,8 +7,8 @@
 --          it for the count of units held). Both keys share the caller key's hash tag.
 -- ARGV     algorithm ("fixed_window" | "token_bucket" | "gcra"), now_ms, count, period_ms,
 --          extra (fixed_window: option bits, 1 aligned; token_bucket, gcra: burst), need, want,
---          share, debt, settle, release, until (`till` here: `until` is a Lua keyword),
---          epoch_ms (see slices.Ask).
+--          share (0: a peek, grants nothing), debt, settle, release, until (`till` here:
+--          `until` is a Lua keyword), epoch_ms (see slices.Ask).
 -- Values   the algorithms' own encodings: fixed_window "<count><end_ms, 13 digits>" (or
 --          "<count>:<end_ms>"); token_bucket "<scaled/g><updated_ms - 1.7e12, 12 digits>" (or
 --          "<scaled/g>:<updated_ms>"); gcra tat_us.
@@ -16,8 +16,8 @@
 --          expires is slices.expires_ms: the algorithm's, or later while a reservation still
 --          shapes the bucket. An empty reservation is deleted. Nothing is written when the
 --          call changes nothing.
--- Reply    8 integers: granted, remaining, reset_ms, retry_ms (-1 for never), expires_ms,
---          held, returned, charged (slices.Taken).
+-- Reply    8 integers: granted, remaining, reset_ms, retry_ms (0 when need fits, -1 for
+--          never), expires_ms, held, returned, charged (slices.Taken).
 
 local name, now = ARGV[1], tonumber(ARGV[2])
 local count, period, extra = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -92,7 +92,7 @@ local function drop(ps, e, units)
 end
 
 local function grant(available)
-  if need <= 0 or need > available then
+  if need <= 0 or need > available or share <= 0 then
     return 0
   end
   local most = math.max(need, idiv(available, share))
@@ -192,7 +192,7 @@ if name == 'fixed_window' then
   if charged > 0 or granted > 0 then
     changed = true
   end
-  if need > 0 and granted == 0 then
+  if need > available - charged then
     retry = (need <= count) and (ends - now) or -1
   end
   remaining = math.max(0, count - used)
@@ -222,7 +222,7 @@ elseif name == 'token_bucket' then
     scaled = math.min((burst - held) * period, scaled + (now - t) * count)
     updated = now
   else -- a clock behind the last writer refills nothing
-    scaled = math.min(scaled, (burst - held) * period)
+    scaled = math.min(scaled, (burst - total(live(ps))) * period)
   end
   ps = live(ps)
   if till > now and release > 0 then
@@ -237,6 +237,7 @@ elseif name == 'token_bucket' then
   local available = idiv(scaled, period)
   charged = math.min(debt, available)
   scaled = scaled - charged * period
+  local short = need > available - charged
   granted = grant(available - charged)
   scaled = scaled - granted * period
   expires = (idiv(now, epoch) + 2) * epoch
@@ -246,7 +247,7 @@ elseif name == 'token_bucket' then
   end
   local since = math.max(updated, now)
   reset = since + ceil_div(full - scaled, count)
-  if need > 0 and granted == 0 then
+  if short then
     retry = (need > burst) and -1 or (since - now + ceil_div(need * period - scaled, count))
   end
   remaining = idiv(scaled, period)
@@ -285,6 +286,7 @@ elseif name == 'gcra' then
   local available = math.max(0, idiv(now_us + tau - tat, t))
   charged = math.min(debt, available)
   tat = tat + charged * t
+  local short = need > available - charged
   granted = grant(available - charged)
   tat = tat + granted * t
   expires = (idiv(now, epoch) + 2) * epoch
@@ -292,7 +294,7 @@ elseif name == 'gcra' then
   if charged > 0 or granted > 0 then
     changed = true
   end
-  if need > 0 and granted == 0 then
+  if short then
     retry = (need > burst) and -1 or ceil_div(tat + need * t - tau - now_us, 1000)
   end
   remaining = math.max(0, idiv(now_us + tau - tat, t))
