@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections import Counter
 from typing import Any
 
@@ -138,6 +139,33 @@ def test_false_rejections_only_while_others_hold_slices(backend: Backend, seed: 
     for end, before in first.items():
         assert before >= 200 - 2 * largest[end], (end, before, largest[end])
         assert admitted[end] <= 200
+
+
+@pytest.mark.parametrize("algorithm", SLICED)
+def test_threads_sharing_one_budget_never_exceed_the_limit(
+    backend: Backend, algorithm: str
+) -> None:
+    """Threads of one process race on its slices (detach, take, install, join) beside
+    another process."""
+    backend.flush()
+    clock = ManualClock(START)
+    mine, other = (LocalBudget(backend.store, clock=clock, horizon=0.005) for _ in range(2))
+    limiters = [Limiter(mine, clock=clock), Limiter(mine, clock=clock), Limiter(other, clock=clock)]
+    out: list[list[Decision]] = [[] for _ in range(6)]
+
+    def run(i: int) -> None:
+        rng = random.Random(i)
+        for _ in range(1500):
+            if i == 0 and rng.random() < 0.05:
+                clock.advance(0.01)
+            out[i].append(limiters[i % 3].hit("k", RATE, algorithm=algorithm))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert check_within([d for ds in out for d in ds], algorithm, None) > 0
 
 
 def test_unspent_slices_go_back_at_close(backend: Backend) -> None:

@@ -97,7 +97,7 @@ class LocalBudget:
         store: Any,
         *,
         sliced: Sliced = "all",
-        horizon: float = 0.05,
+        horizon: float = 0.02,
         max_slice: int | None = None,
         idle: float = 1.0,
         epoch: float = 1.0,
@@ -161,7 +161,7 @@ class LocalBudget:
     ) -> Outcome | None:
         """A one-rate hit answered from the slice (``SliceStore``), or None: take the plan."""
         h = self.book.held.get((slot, key))
-        if h is None or h.limit is not limit or now >= self._due:
+        if h is None or now >= self._due or (h.limit is not limit and h.limit != limit):
             return None
         return self.book.spend(h, now, cost)
 

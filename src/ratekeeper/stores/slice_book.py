@@ -18,8 +18,9 @@ the key's recent demand and the debt of decisions made without the store (fail-l
 - **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
   another thread installed meanwhile joins it; otherwise the older one is queued to be given
   back). A rejection holds the key for its retry time, at least ``horizon_ms / 10`` and at most
-  ``horizon_ms``: rejections meanwhile cost no store call, and a give-back by another process
-  is seen at most ``horizon_ms`` later.
+  ``horizon_ms`` (never past a fixed window's end): rejections meanwhile cost no store call,
+  and a give-back by another process is seen at most ``horizon_ms`` later; when other
+  processes held slices that could have covered the request, the hold is the shortest.
 - **False rejections** (an upper bound): a rejection is counted as possibly false when the
   store said other processes held, in live slices, at least what the request lacked (their
   unspent part is not known at that instant); the local rejections of the hold that follows
@@ -184,8 +185,11 @@ class SliceBook:
                 h.suspect = taken.held >= missing
                 counts.false_rejections += h.suspect
                 retry = taken.retry_ms
+                shortest = self.horizon_ms // 10 or 1
                 hold = self.horizon_ms if retry == INF else int(retry)
-                hold = max(self.horizon_ms // 10 or 1, min(self.horizon_ms, hold))
+                hold = max(shortest, min(self.horizon_ms, hold))
+                if h.suspect:  # others hold slices: ask again soon, they may give some back
+                    hold = shortest
                 if h.name == "fixed_window" and retry != INF and hold > retry:
                     hold = int(retry)  # never into the next window
                 h.blocked = now + hold
@@ -217,7 +221,9 @@ class SliceBook:
                     break
                 if h.until and (h.until <= now or h.used <= now - idle_ms):
                     unspent, granted, until = self._detach(h, now)
-                    if granted:
+                    # a spent fixed_window slice has nothing to give back, and what it held
+                    # ends with its window: no call for it
+                    if granted and (unspent or h.name != "fixed_window"):
                         out.append(Settle(h, granted, unspent, until))
             return out
 
