@@ -157,3 +157,30 @@ def test_the_seed_is_the_share_of_what_was_left() -> None:
     assert seed("fixed_window", limit, 60_000, 40, 50_000, 4) is None  # that window ended
     bucket = share_policy(make_policy("100/minute", "token_bucket", None, None), 4).limits[0]
     assert seed("token_bucket", bucket, 1000, 400, 0, 4) == (25 * bucket.period_ms, 1000)
+
+
+def test_debts_are_charged_the_decided_key_first_then_in_batches(
+    fresh_redis: RedisServer,
+) -> None:
+    clock, mono = ManualClock(START), ManualClock(0)
+    store = RedisStore(fresh_redis.url, socket_timeout=0.1)
+    budget = LocalBudget(store, clock=clock, sliced=[], processes=2)
+    limiter = Limiter(budget, clock=clock, monotonic=mono)
+    keys = [f"k{i}" for i in range(150)]
+    fresh_redis.pause()
+    try:
+        for key in keys:  # each its share, 5 of 10, admitted locally
+            assert sum(limiter.hit(key, "10/minute").degraded for _ in range(7)) == 7
+    finally:
+        fresh_redis.resume()
+    fresh_redis.client(socket_timeout=5).ping()  # answering again
+    mono.advance(60)
+    plain = Limiter(RedisStore(fresh_redis.url), clock=clock)
+    d = limiter.hit(keys[-1], "10/minute")  # its own debt first: 5 charged, then this hit
+    assert not d.degraded and d.remaining == 4
+    charged = sum(plain.peek(k, "10/minute").remaining == 5 for k in keys[:-1])
+    assert charged == 63  # the batch of 64 it led
+    budget.maintain()
+    budget.maintain()
+    assert all(plain.peek(k, "10/minute").remaining == 5 for k in keys[:-1])
+    assert budget.fail is not None and not budget.fail.active

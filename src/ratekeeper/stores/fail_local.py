@@ -13,10 +13,11 @@ the last heartbeat answered, or ``processes`` before any), and the answers are m
   store: its share of what the store had left (``remaining // live``), in the store's window
   (fixed_window) or as the bucket's level; any other key starts with a full share.
 - **Debt**: every unit admitted here is remembered per key until its local state stops
-  mattering (``Debt``), and charged to the store when it answers again, before anything is
-  decided from it, never past empty (a sliced key's debt rides in its first ``take``; other
-  keys are charged with a ``peek`` and a ``hit`` of what fits). So the decisions of the outage
-  count, and the store's return is no burst.
+  mattering (``Debt``; at most ``max_keys`` of them), and charged to the store when it answers
+  again, never past empty: a key's own debt before anything is decided for it from the store
+  (a sliced key's rides in its next ``take``; other keys are charged with a ``peek`` and a
+  ``hit`` of what fits), the others a batch per call. So the decisions of the outage count,
+  and the store's return is no burst.
 
 What that admits (the slack ``docs/local_budget.md`` states): in windows wholly inside the
 outage each process admits at most its share, so all together at most the limit (times the
@@ -98,6 +99,8 @@ class FailLocal:
         self.rejected = 0
         self.unknown = 0
         """Failures with no live count known: left to the limiter's fail_open."""
+        self.dropped = 0
+        """Debts forgotten to keep at most ``max_keys`` (their keys may burst on return)."""
         self._policies: dict[tuple[int, int], tuple[Policy, Policy]] = {}
 
     def policy(self, policy: Policy, live: int) -> Policy:
@@ -150,9 +153,13 @@ class FailLocal:
     def owe(self, plan: Plan, units: int, until: int) -> None:
         """Remember units a key without slices admitted here."""
         k = (plan.policy.slots[0], plan.key)
-        debt = self.debts.get(k)
+        debts = self.debts
+        debt = debts.get(k)
         if debt is None or debt.until <= plan.now_ms:
-            self.debts[k] = Debt(plan.policy, units, until)
+            if debt is None and len(debts) >= self.memory.max_keys:  # bounded: the oldest goes
+                debts.pop(next(iter(debts)))
+                self.dropped += 1
+            debts[k] = Debt(plan.policy, units, until)
         else:
             debt.units += units
             debt.until = max(debt.until, until)
@@ -168,4 +175,5 @@ class FailLocal:
             "fail_local_allowed": self.allowed,
             "fail_local_rejected": self.rejected,
             "fail_local_unknown": self.unknown,
+            "debts_dropped": self.dropped,
         }

@@ -55,6 +55,8 @@ from .slice_calls import SliceCall, slicer_for
 
 log = logging.getLogger("ratekeeper")
 
+RECOVER_BATCH = 64
+"""Debts charged per call after an outage (the decided key's own always first)."""
 Call = tuple[str, Any]
 """A store call of ``_steps``: ("take", SliceCall), ("beat", args), ("forget", args) or
 ("plan", Plan) for the wrapped store."""
@@ -300,11 +302,11 @@ class LocalBudget:
 
     def _steps(self, plan: Plan) -> Steps:
         now = plan.now_ms
+        policy = plan.policy
         if self.fail is not None and self.fail.active:
-            yield from self._recover(now)
+            yield from self._recover(now, (policy.slots[0], plan.key))
         if now >= self._due:
             yield from self._upkeep(now)
-        policy = plan.policy
         if not self._is_sliced(policy):
             return (yield ("plan", plan))
         slot, key, op, book = policy.slots[0], plan.key, plan.op, self.book
@@ -349,23 +351,34 @@ class LocalBudget:
         taken: Taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
         self.book.settled(s, taken)
 
-    def _recover(self, now: int) -> Steps:
-        """Charge every debt of the outage, before anything is decided from the store."""
+    def _recover(self, now: int, first: tuple[str, str] | None = None) -> Steps:
+        """Charge the debts of the outage: ``first`` (the key about to be decided from the
+        store) before anything else, then up to ``RECOVER_BATCH`` more per call until none is
+        left. A sliced key's debt rides in its own next take."""
         fail = self.fail
         assert fail is not None
-        for (slot, key), debt in list(fail.debts.items()):
+        debts = fail.debts
+        order = list(debts)
+        if first is not None and first in debts:
+            order.remove(first)
+            order.insert(0, first)
+        for slot, key in order[:RECOVER_BATCH]:
+            debt = debts[(slot, key)]
             if debt.until > now:
                 peek = yield ("plan", make_plan("peek", debt.policy, key, now, 1))
                 room = min(o.remaining for o in peek)
                 units = debt.units if debt.units < room else room
                 if units > 0:
                     yield ("plan", make_plan("hit", debt.policy, key, now, units))
-            fail.debts.pop((slot, key), None)
-        for h in self.book.owing(now):
+            debts.pop((slot, key), None)
+        for h in self.book.owing(now)[:RECOVER_BATCH]:
+            if (h.slot, h.key) == first:
+                continue  # its take carries it
             ask = Ask(0, 0, 1, h.debt, 0, 0, 0, self._epoch_ms)
             taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
             self.book.charged(h, taken, ask)
-        fail.recovered()
+        if not debts and not self.book.owing(now):
+            fail.recovered()
 
     def _leave(self, now: int) -> Steps:
         for settle in self.book.give_all(now):

@@ -105,6 +105,8 @@ class SliceBook:
         self.counts = Counts()
         self.settles: list[Settle] = []
         """Slices waiting to be given back (``local_budget`` sends them)."""
+        self.owers: set[Held] = set()
+        """Keys with a fail-local debt."""
 
     def entry(self, slot: str, key: str, policy: Policy, now: int) -> Held:
         """The key's ``Held``, made on first use."""
@@ -262,11 +264,15 @@ class SliceBook:
         with self.lock:
             h.debt = units if h.debt_until <= now else h.debt + units
             h.debt_until = max(h.debt_until, until)
+            self.owers.add(h)
 
     def owing(self, now: int) -> list[Held]:
-        """The keys with a debt that still matters."""
+        """The keys with a debt that still matters (those whose debt ended are dropped)."""
         with self.lock:
-            return [h for h in self.held.values() if h.debt and h.debt_until > now]
+            for h in [h for h in self.owers if not h.debt or h.debt_until <= now]:
+                self.owers.discard(h)
+                h.debt = h.debt_until = 0
+            return list(self.owers)
 
     def charged(self, h: Held, taken: Taken, ask: Ask) -> None:
         """A debt's charge answered (what found the key empty is dropped)."""
