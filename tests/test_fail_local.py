@@ -184,3 +184,35 @@ def test_debts_are_charged_the_decided_key_first_then_in_batches(
     budget.maintain()
     assert all(plain.peek(k, "10/minute").remaining == 5 for k in keys[:-1])
     assert budget.fail is not None and not budget.fail.active
+
+
+def test_a_take_that_timed_out_is_settled_later_and_nothing_is_lost(
+    fresh_redis: RedisServer,
+) -> None:
+    """With Redis stopped the take is sent and times out, yet runs when Redis resumes: the
+    grant nobody received is settled at the next call, so the window stays whole."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    store = RedisStore(fresh_redis.url, socket_timeout=0.1)
+    budget = LocalBudget(store, clock=clock, fail_local=False)
+    limiter = Limiter(budget, clock=clock, monotonic=mono)
+    admitted = 0
+    for _ in range(30):  # slices grow with the demand
+        admitted += limiter.hit("k", "1000/minute").allowed
+        clock.advance(0.001)
+    fresh_redis.pause()
+    try:
+        while True:
+            d = limiter.hit("k", "1000/minute")
+            if d.degraded:  # the take that timed out (failed open: not counted here)
+                break
+            admitted += d.allowed
+    finally:
+        fresh_redis.resume()
+    plain = Limiter(RedisStore(fresh_redis.url), clock=clock)
+    lost = 1000 - admitted - plain.peek("k", "1000/minute").remaining
+    assert lost > 0  # the stopped Redis ran the take on resuming: a grant no one holds
+    mono.advance(60)
+    while (d := limiter.hit("k", "1000/minute")).allowed:
+        admitted += 1
+    assert admitted == 1000  # settled as unspent: every unit of the window was admitted
+    assert budget.stats()["units_returned"] >= lost

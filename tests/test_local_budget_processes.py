@@ -169,7 +169,8 @@ def test_processes_never_admit_past_the_limit_and_give_back_at_close(
     calm = sum(1 for k, _, allowed, _, _ in records if k == "calm" and allowed)
     assert calm == 4 * 300
     client = fresh_redis.client()
-    assert not client.exists(f"rk{{calm}}{algorithm[0]}:100000/1h^")  # no reservation left
+    if algorithm != "fixed_window":  # a spent fixed_window slice is left to its window's end
+        assert not client.exists(f"rk{{calm}}{algorithm[0]}:100000/1h^")  # nothing reserved
     reader = Limiter(LocalBudget(RedisStore(fresh_redis.url)))
     remaining = reader.peek("calm", "100000/hour", **calm_options).remaining
     refill = 0 if algorithm == "fixed_window" else 100000 * 4 // 3600 + 1

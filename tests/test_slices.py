@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,7 +54,7 @@ steps = st.builds(
     want=st.integers(0, 40),
     share=st.sampled_from([0, 1, 2, 3, 8]),
     debt=st.sampled_from([0, 0, 0, 1, 3, 50]),
-    settle=st.sampled_from(["right", "right", "wrong", "none"]),
+    settle=st.sampled_from(["all", "all", "again", "unknown", "none"]),
 )
 
 
@@ -79,7 +80,8 @@ def test_lua_takes_like_python(redis_backend: Backend, algorithm: str, data: st.
     pairs.append((slicer_for(remote), Limiter(remote, clock=clock, fail_open=False)))
     policy = make_policy(rate, algorithm, burst, None, aligned)
     options = {"algorithm": algorithm, "burst": burst, "aligned": aligned}
-    held: dict[tuple[int, str], tuple[int, int]] = {}  # (process, key) -> (until, granted)
+    grants: dict[tuple[int, str], list[tuple[str, int]]] = {}  # (process, key) -> grants
+    ids = iter(range(1, 10**6))
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         now = int(clock() * 1000 + 0.5)
@@ -90,22 +92,23 @@ def test_lua_takes_like_python(redis_backend: Backend, algorithm: str, data: st.
             answers = [getattr(lim, op)(step.key, rate, **options) for _, lim in pairs]
             assert answers[0] == answers[1], (step, algorithm, rate)
             continue
-        until, granted = held.pop((step.process, step.key), (0, 0))
-        settle = release = 0
-        if step.settle != "none" and granted:
-            release, settle = granted, step.want % (granted + 1)
-            until = until if step.settle == "right" else until + 1
-        else:
-            until = 0
+        mine = grants.setdefault((step.process, step.key), [])
+        settles: tuple[tuple[str, int], ...] = ()
+        if step.settle == "all" and mine:  # each grant with some spent of it
+            settles = tuple((g, step.want % (units + 2)) for g, units in mine)
+            mine.clear()
+        elif step.settle == "again" and mine:  # settled twice: the second finds nothing
+            settles = tuple((g, 0) for g, _ in mine) * 2
+        elif step.settle == "unknown":  # a grant the store never saw (a failed call's)
+            settles = (("ffff", 0),)
         need = 0 if step.op == "give" else step.need
-        ask = Ask(
-            need, max(need, step.want), step.share, step.debt, settle, release, until, epoch_ms
-        )
+        slice_id = f"{next(ids):x}"
+        ask = Ask(need, max(need, step.want), step.share, step.debt, settles, slice_id, epoch_ms)
         call = SliceCall(step.key, policy.slots[0], algorithm, policy.limits[0], now, ask)
         answers = [slicer.take(call) for slicer, _ in pairs]
         assert answers[0] == answers[1], (step, algorithm, rate, ask)
         if answers[0].granted:
-            held[(step.process, step.key)] = (answers[0].expires_ms, answers[0].granted)
+            mine.append((slice_id, answers[0].granted))
 
 
 @settings(
@@ -144,28 +147,22 @@ def test_the_worked_timeline_of_a_window() -> None:
     policy = make_policy("10/minute", "fixed_window", None, None)
     limit = policy.limits[0]
     t0 = 1_700_000_000_000
-    a, state, pairs, _ = slices.take("fixed_window", None, (), limit, t0, Ask(1, 4, 2))
+
+    def take(state: object, pairs: slices.Pairs, t: int, ask: Ask) -> tuple[Any, Any, Any]:
+        answer, state, pairs, _ = slices.take("fixed_window", state, pairs, limit, t0 + t, ask)
+        return answer, state, pairs
+
+    a, state, pairs = take(None, (), 0, Ask(1, 4, 2, slice_id="a1"))
     assert (a.granted, state[0], a.expires_ms) == (4, 4, t0 + 60_000)
-    b, state, pairs, _ = slices.take("fixed_window", state, pairs, limit, t0 + 1000, Ask(1, 3, 2))
+    b, state, pairs = take(state, pairs, 1000, Ask(1, 3, 2, slice_id="b1"))
     assert (b.granted, state[0], b.held) == (3, 7, 7)
-    a2, state, pairs, _ = slices.take(
-        "fixed_window",
-        state,
-        pairs,
-        limit,
-        t0 + 20_000,
-        Ask(1, 5, 2, release=4, until=a.expires_ms),
-    )
+    a2, state, pairs = take(state, pairs, 20_000, Ask(1, 5, 2, settles=(("a1", 4),), slice_id="a2"))
     assert (a2.granted, state[0], a2.held) == (1, 8, 4)  # at most half of the 3 left, >= need
-    back, state, pairs, _ = slices.take(
-        "fixed_window", state, pairs, limit, t0 + 59_000,
-        Ask(0, 0, 1, settle=1, release=3, until=b.expires_ms),
-    )  # fmt: skip
+    back, state, pairs = take(state, pairs, 59_000, Ask(0, 0, 1, settles=(("b1", 2),)))
     assert (back.returned, state[0], back.remaining) == (1, 7, 3)
-    late, state, pairs, _ = slices.take(
-        "fixed_window", state, pairs, limit, t0 + 60_000,
-        Ask(0, 0, 1, settle=1, release=1, until=a2.expires_ms),
-    )  # fmt: skip
+    again, state, pairs = take(state, pairs, 59_500, Ask(0, 0, 1, settles=(("b1", 0),)))
+    assert (again.returned, state[0]) == (0, 7)  # a settle counts once
+    late, state, pairs = take(state, pairs, 60_000, Ask(0, 0, 1, settles=(("a2", 0),)))
     assert late.returned == 0 and late.remaining == 10  # a window's units never reach the next
 
 
@@ -194,29 +191,28 @@ def test_what_slices_admit_an_exact_bucket_admits(algorithm: str, seed: int) -> 
     state: object = None
     pairs: slices.Pairs = ()
     now = 1_700_000_000_000
-    slices_: dict[int, list[int]] = {}  # process -> [until, granted, unspent]
+    slices_: dict[int, list[Any]] = {}  # process -> [until, id, granted, unspent]
     admitted: list[tuple[int, int]] = []
-    for _ in range(400):
+    for n in range(400):
         now += rng.choice([0, 1, 5, 37, 250, 1200])
         p = rng.randrange(4)
         s = slices_.get(p)
-        if s and s[0] > now and s[2] and rng.random() < 0.7:  # spend from the slice
-            units = rng.randint(1, s[2])
-            s[2] -= units
+        if s and s[0] > now and s[3] and rng.random() < 0.7:  # spend from the slice
+            units = rng.randint(1, s[3])
+            s[3] -= units
             admitted.append((now, units))
             continue
         need = rng.choice([1, 1, 2])
-        settle = release = until = 0
-        if s and s[0] > now:
-            until, release, settle = s[0], s[1], s[2]
-        ask = Ask(need, rng.randint(need, 30), rng.randint(1, 6), 0, settle, release, until, epoch)
+        settles = ((s[1], s[2] - s[3]),) if s and s[0] > now else ()
+        want, share = rng.randint(need, 30), rng.randint(1, 6)
+        ask = Ask(need, want, share, 0, settles, f"{n:x}", epoch)
         answer, state, pairs, changed = slices.take(algorithm, state, pairs, limit, now, ask)
         if changed and slices.expires_ms(algorithm, state, pairs, limit) <= now:
             state, pairs = None, ()  # what a store drops: it must mean the same as no state
         slices_.pop(p, None)
         if answer.granted:
             admitted.append((now, need))
-            slices_[p] = [answer.expires_ms, answer.granted, answer.granted - need]
+            slices_[p] = [answer.expires_ms, f"{n:x}", answer.granted, answer.granted - need]
     _exact_bucket(admitted, limit.count, limit.period_ms, limit.capacity)
 
 
@@ -224,12 +220,16 @@ def test_a_full_bucket_slice_keeps_its_tokens_while_the_bucket_would_refill() ->
     """The double spend a reservation prevents: slice a full bucket, wait a full refill."""
     policy = make_policy("10/second", "token_bucket", None, None)
     limit, now = policy.limits[0], 1_700_000_000_000
-    a, state, pairs, _ = slices.take("token_bucket", None, (), limit, now, Ask(1, 10, 1))
+    a, state, pairs, _ = slices.take(
+        "token_bucket", None, (), limit, now, Ask(1, 10, 1, slice_id="a")
+    )
     assert a.granted == 10
-    b, state, pairs, _ = slices.take("token_bucket", state, pairs, limit, now + 999, Ask(1, 10, 1))
+    b, state, pairs, _ = slices.take(
+        "token_bucket", state, pairs, limit, now + 999, Ask(1, 10, 1, slice_id="b")
+    )
     assert b.granted == 0  # a's 10 are still held: the bucket may not refill past burst - 10
     c, state, pairs, _ = slices.take(
-        "token_bucket", state, pairs, limit, now + 999, Ask(0, 0, 1, 0, 10, 10, a.expires_ms)
+        "token_bucket", state, pairs, limit, now + 999, Ask(0, 0, 1, settles=(("a", 0),))
     )
     assert c.returned == 10 and c.remaining == 10  # given back unspent: the bucket is full
 

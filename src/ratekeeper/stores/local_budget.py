@@ -315,7 +315,11 @@ class LocalBudget:
             outcome = book.spend(h, now, plan.cost)
             if outcome is None:
                 ask = book.ask(h, now, plan.cost, self._share())
-                taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
+                try:
+                    taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
+                except StoreUnavailable:
+                    book.failed(h, ask, now)  # settled at the next call, whatever happened
+                    raise
                 outcome = book.install(h, now, plan.cost, taken, ask)
             return (outcome,)
         if op == "peek":  # through the slices' script: it sees the reservation, writes nothing
@@ -347,9 +351,9 @@ class LocalBudget:
 
     def _give(self, s: Settle, now: int) -> Steps:
         h = s.held
-        ask = Ask(0, 0, 1, 0, s.unspent, s.granted, s.until, self._epoch_ms)
+        ask = Ask(0, 0, 1, settles=s.settles, epoch_ms=self._epoch_ms)
         taken: Taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
-        self.book.settled(s, taken)
+        self.book.settled(s, taken)  # a failure leaves the settles pending: sent again later
 
     def _recover(self, now: int, first: tuple[str, str] | None = None) -> Steps:
         """Charge the debts of the outage: ``first`` (the key about to be decided from the
@@ -374,7 +378,7 @@ class LocalBudget:
         for h in self.book.owing(now)[:RECOVER_BATCH]:
             if (h.slot, h.key) == first:
                 continue  # its take carries it
-            ask = Ask(0, 0, 1, h.debt, 0, 0, 0, self._epoch_ms)
+            ask = Ask(0, 0, 1, h.debt, epoch_ms=self._epoch_ms)
             taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
             self.book.charged(h, taken, ask)
         if not debts and not self.book.owing(now):
@@ -408,17 +412,29 @@ class LocalBudget:
         return await self.store.execute_async(arg)
 
     def _drive(self, steps: Steps) -> Any:
+        """Run ``steps``' calls; a failed call is thrown back into them (they note it)."""
         try:
             call = next(steps)
             while True:
-                call = steps.send(self._call(call))
+                try:
+                    result = self._call(call)
+                except StoreUnavailable as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(result)
         except StopIteration as done:
             return done.value
 
     async def _drive_async(self, steps: Steps) -> Any:
+        """The same as ``_drive``, awaiting each call."""
         try:
             call = next(steps)
             while True:
-                call = steps.send(await self._call_async(call))
+                try:
+                    result = await self._call_async(call)
+                except StoreUnavailable as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(result)
         except StopIteration as done:
             return done.value

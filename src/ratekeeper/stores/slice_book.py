@@ -1,9 +1,10 @@
 """``SliceBook``: what one process holds of each sliced key, and the rules for spending it.
 
 Sans-I/O: ``local_budget`` drives it and does the store calls. Per (slot, caller key) a
-``Held`` keeps the live slice (``until``, ``unspent``, ``granted``), what the store said at the
-last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` until, ``retry_at``),
-the key's recent demand and the debt of decisions made without the store (fail-local).
+``Held`` keeps the live slice (``until``, ``unspent``, ``granted``, and the ids of the grants
+it is made of), settles not yet confirmed by the store (``pending``), what the store said at
+the last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` until,
+``retry_at``), the key's recent demand and the debt of decisions made without the store.
 
 - **Spend** (``spend``, the hot path): a hit whose cost the slice covers is admitted here;
   ``remaining`` is an estimate: what the store had left at the last take plus the unspent part
@@ -12,9 +13,13 @@ the key's recent demand and the debt of decisions made without the store (fail-l
 - **Ask** (``ask``): the next take. ``want`` is the process's own recent demand for the key
   (units per ms, averaged over takes) times ``horizon_ms``, at least the request's cost and at
   most ``max_slice``; the store caps it by what is left (``slices``: a share of it). The
-  current slice is detached and settled by the same call: its unspent units go back, its
-  reservation is released. A take that fails loses the detached slice: it may have been given
-  back before the failure, and spending it too could admit it twice.
+  current slice is detached and settled by the same call (each grant id with what was spent
+  of it), with every settle still pending.
+- **A failed call** (``failed``): the store may or may not have run it. Its settles stay
+  pending, and the slice it asked for is added as a settle of nothing spent; the next call
+  sends them again. Settles are idempotent (``slices``), so whatever happened, the store ends
+  up with exactly what was spent: nothing is lost for the window, nothing counted twice. The
+  detached slice is not spent any more (the store may have taken it back).
 - **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
   another thread installed meanwhile joins it; otherwise the older one is queued to be given
   back). A rejection holds the key for its retry time, at least ``horizon_ms / 10`` and at most
@@ -31,6 +36,8 @@ Thread-safe: one lock around each operation (``spend`` is a few attribute reads 
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import threading
 from dataclasses import dataclass
 
@@ -38,14 +45,17 @@ from ..algorithms.base import INF, Limit, Outcome, new_outcome
 from ..algorithms.slices import Ask, Taken
 from ..plan import Policy
 
+Settles = tuple[tuple[str, int], ...]
+"""(grant id, units spent of it)."""
+
 
 class Held:
     """One sliced key of this process (see the module)."""
 
     __slots__ = (
-        "blocked", "debt", "debt_until", "demand", "granted", "key", "limit", "name", "policy",
-        "rate", "remaining", "reset_ms", "retry_at", "retry_at_inf", "since", "slot", "suspect",
-        "takes", "unspent", "until", "used",
+        "blocked", "debt", "debt_until", "demand", "granted", "ids", "key", "limit", "name",
+        "pending", "policy", "rate", "remaining", "reset_ms", "retry_at", "retry_at_inf",
+        "since", "slot", "suspect", "takes", "unspent", "until", "used",
     )  # fmt: skip
 
     def __init__(self, slot: str, key: str, policy: Policy, now: int) -> None:
@@ -55,6 +65,10 @@ class Held:
         self.name = policy.algorithm.NAME
         self.limit: Limit = policy.limits[0]
         self.until = self.unspent = self.granted = 0
+        self.ids: list[tuple[str, int]] = []
+        """The grants the live slice is made of: (id, units)."""
+        self.pending: dict[str, tuple[int, int]] = {}
+        """Settles not confirmed by the store: grant id -> (units spent, until)."""
         self.remaining = self.limit.capacity
         self.reset_ms = now
         self.blocked = self.retry_at = 0
@@ -70,12 +84,11 @@ class Held:
 
 @dataclass(slots=True)
 class Settle:
-    """A detached slice to give back: the key it came from, its size, unspent units, expiry."""
+    """Slices of one key to give back: their settles, and the units they should bring back."""
 
     held: Held
-    granted: int
+    settles: Settles
     unspent: int
-    until: int
 
 
 @dataclass(slots=True)
@@ -107,6 +120,12 @@ class SliceBook:
         """Slices waiting to be given back (``local_budget`` sends them)."""
         self.owers: set[Held] = set()
         """Keys with a fail-local debt."""
+        self._prefix = secrets.token_hex(3)
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> str:
+        """A grant id: unique among a key's live slices (a random prefix per book)."""
+        return f"{self._prefix}{next(self._ids):x}"
 
     def entry(self, slot: str, key: str, policy: Policy, now: int) -> Held:
         """The key's ``Held``, made on first use."""
@@ -154,28 +173,55 @@ class SliceBook:
             h.since = now
             want = int(h.rate * self.horizon_ms + 0.5)  # the first take: the cost alone
             want = min(self.max_slice, want) if want > cost else cost
-            settle, release, until = self._detach(h, now)
+            settles = self._detach(h, now)
             debt = h.debt if h.debt_until > now else 0
-            return Ask(cost, want, share, debt, settle, release, until, self.epoch_ms)
+            return Ask(cost, want, share, debt, settles, self.new_id(), self.epoch_ms)
 
-    def _detach(self, h: Held, now: int) -> tuple[int, int, int]:
-        """The slice taken off ``h``: (unspent, size, expiry) to settle, or zeros."""
-        until, unspent, granted = h.until, h.unspent, h.granted
-        h.until = h.unspent = h.granted = 0
-        if until <= now:
+    def _detach(self, h: Held, now: int) -> Settles:
+        """The slice taken off ``h``, as settles, with those still pending (ended ones
+        dropped: the store has forgotten those slices). A fully spent fixed_window grant needs
+        no settle: nothing comes back, and what it held ends with its window."""
+        until, unspent = h.until, h.unspent
+        if until and until <= now:
             self.counts.units_expired += unspent
-            return 0, 0, 0
-        return unspent, granted, until
+        elif until:
+            spent = h.granted - unspent
+            for grant, units in h.ids:
+                used = spent if spent < units else units
+                spent -= used
+                if used < units or h.name != "fixed_window":
+                    h.pending[grant] = (used, until)
+        h.until = h.unspent = h.granted = 0
+        h.ids = []
+        for grant in [g for g, (_, end) in h.pending.items() if end <= now]:
+            del h.pending[grant]
+        return tuple((grant, used) for grant, (used, _) in h.pending.items())
+
+    def failed(self, h: Held, ask: Ask, now: int) -> None:
+        """A call carrying ``ask`` failed: its settles stay pending, and the slice it asked
+        for is settled as unspent at the next call (see the module)."""
+        if ask.need <= 0 or ask.share <= 0:
+            return
+        if h.name == "fixed_window":  # the known window, or a new one opened by now
+            until = h.reset_ms if h.reset_ms > now else now + h.limit.period_ms
+        else:
+            until = (now // self.epoch_ms + 2) * self.epoch_ms
+        with self.lock:
+            h.pending[ask.slice_id] = (0, until)
+
+    def _confirm(self, h: Held, ask: Ask) -> None:
+        for grant, _ in ask.settles:
+            h.pending.pop(grant, None)
 
     def install(self, h: Held, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
         """The take's answer applied (see the module); the request's outcome."""
         granted = taken.granted
         counts = self.counts
         with self.lock:
-            if ask.release:
+            self._confirm(h, ask)
+            if ask.settles:
                 counts.slices_returned += 1
                 counts.units_returned += taken.returned
-                counts.units_expired += ask.settle - taken.returned
             if ask.debt:
                 counts.debt_charged += taken.charged
                 h.debt -= ask.debt  # what was not charged found the key empty: dropped
@@ -183,62 +229,72 @@ class SliceBook:
                     h.debt = h.debt_until = 0
             h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
             if not granted:
-                missing = cost - taken.remaining
-                h.suspect = taken.held >= missing
-                counts.false_rejections += h.suspect
-                retry = taken.retry_ms
-                shortest = self.horizon_ms // 10 or 1
-                hold = self.horizon_ms if retry == INF else int(retry)
-                hold = max(shortest, min(self.horizon_ms, hold))
-                if h.suspect:  # others hold slices: ask again soon, they may give some back
-                    hold = shortest
-                if h.name == "fixed_window" and retry != INF and hold > retry:
-                    hold = int(retry)  # never into the next window
-                h.blocked = now + hold
-                h.retry_at_inf = retry == INF
-                h.retry_at = 0 if retry == INF else now + int(retry)
-                return new_outcome((False, taken.remaining, taken.reset_ms, retry))
+                return self._hold(h, now, cost, taken)
             counts.slices_taken += 1
             counts.units_taken += granted
             h.blocked = 0
             h.suspect = False
             h.used = now
             if h.until > now and h.until != taken.expires_ms:  # another thread's slice
-                self.settles.append(Settle(h, h.granted, h.unspent, h.until))
-                h.until = h.unspent = h.granted = 0
+                unspent = h.unspent
+                self.settles.append(Settle(h, self._detach(h, now), unspent))
             if h.until == taken.expires_ms:
                 h.granted += granted
                 h.unspent += granted - cost
             else:
                 h.until, h.granted, h.unspent = taken.expires_ms, granted, granted - cost
+            h.ids.append((ask.slice_id, granted))
             return new_outcome((True, taken.remaining + h.unspent, taken.reset_ms, 0.0))
 
+    def _hold(self, h: Held, now: int, cost: int, taken: Taken) -> Outcome:
+        """A rejection: the key is answered here until ``blocked`` (see the module)."""
+        h.suspect = taken.held >= cost - taken.remaining
+        self.counts.false_rejections += h.suspect
+        retry = taken.retry_ms
+        shortest = self.horizon_ms // 10 or 1
+        hold = self.horizon_ms if retry == INF else int(retry)
+        hold = max(shortest, min(self.horizon_ms, hold))
+        if h.suspect:  # others hold slices: ask again soon, they may give some back
+            hold = shortest
+        if h.name == "fixed_window" and retry != INF and hold > retry:
+            hold = int(retry)  # never into the next window
+        h.blocked = now + hold
+        h.retry_at_inf = retry == INF
+        h.retry_at = 0 if retry == INF else now + int(retry)
+        return new_outcome((False, taken.remaining, taken.reset_ms, retry))
+
     def idle(self, now: int, idle_ms: int, most: int) -> list[Settle]:
-        """Up to ``most`` slices to give back: queued ones, then those unused for
-        ``idle_ms`` (detached here); slices that ended are dropped."""
+        """Up to ``most`` keys' slices to give back: queued ones, then those unused for
+        ``idle_ms`` (detached here) and those with settles pending."""
         with self.lock:
             out, self.settles = self.settles[:most], self.settles[most:]
             for h in self.held.values():
                 if len(out) >= most:
                     break
-                if h.until and (h.until <= now or h.used <= now - idle_ms):
-                    unspent, granted, until = self._detach(h, now)
-                    # a spent fixed_window slice has nothing to give back, and what it held
-                    # ends with its window: no call for it
-                    if granted and (unspent or h.name != "fixed_window"):
-                        out.append(Settle(h, granted, unspent, until))
+                quiet = h.until and (h.until <= now or h.used <= now - idle_ms)
+                if not quiet and not h.pending:
+                    continue
+                unspent = h.unspent if quiet and h.until > now else 0
+                if quiet:
+                    settles = self._detach(h, now)
+                else:
+                    settles = tuple((g, used) for g, (used, _) in h.pending.items())
+                if settles:
+                    out.append(Settle(h, settles, unspent))
             return out
 
     def give_all(self, now: int) -> list[Settle]:
-        """Every live slice, detached (at shutdown)."""
+        """Every live slice and pending settle, detached (at shutdown)."""
         return self.idle(now, -1, len(self.held) + len(self.settles))
 
     def settled(self, s: Settle, taken: Taken) -> None:
         """A give-back answered."""
         with self.lock:
+            for grant, _ in s.settles:
+                s.held.pending.pop(grant, None)
             self.counts.slices_returned += 1
             self.counts.units_returned += taken.returned
-            self.counts.units_expired += s.unspent - taken.returned
+            self.counts.units_expired += max(0, s.unspent - taken.returned)
 
     def refund(self, slot: str, key: str, now: int, cost: int) -> bool:
         """A refund put back into the key's live slice, if it spent at least ``cost``."""
@@ -277,6 +333,7 @@ class SliceBook:
     def charged(self, h: Held, taken: Taken, ask: Ask) -> None:
         """A debt's charge answered (what found the key empty is dropped)."""
         with self.lock:
+            self._confirm(h, ask)
             self.counts.debt_charged += taken.charged
             h.debt -= ask.debt
             if h.debt <= 0:
@@ -288,13 +345,13 @@ class SliceBook:
             self.held.pop((slot, key), None)
 
     def trim(self, now: int, most: int) -> None:
-        """Keep at most ``most`` keys: drop those holding nothing (no live slice, hold or
-        debt), oldest first."""
+        """Keep at most ``most`` keys: drop those holding nothing (no live slice, hold, debt
+        or pending settle), oldest first."""
         with self.lock:
             if len(self.held) <= most:
                 return
             for k, h in list(self.held.items()):
-                if h.until <= now and h.blocked <= now and not h.debt:
+                if h.until <= now and h.blocked <= now and not h.debt and not h.pending:
                     self.counts.units_expired += h.unspent if h.until else 0
                     del self.held[k]
                     if len(self.held) <= most * 3 // 4:

@@ -72,9 +72,10 @@ class SliceCall:
         """The script's ARGV (see ``lua/slices.lua``)."""
         limit, a = self.limit, self.ask
         extra = limit.flags if self.name == "fixed_window" else limit.capacity
+        settles = ",".join(f"{grant}:{used}" for grant, used in a.settles)
         return (
             self.name, self.now_ms, limit.count, limit.period_ms, extra, a.need, a.want,
-            a.share, a.debt, a.settle, a.release, a.until, a.epoch_ms,
+            a.share, a.debt, settles, a.slice_id or "-", a.epoch_ms,
         )  # fmt: skip
 
 

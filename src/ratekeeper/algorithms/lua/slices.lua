@@ -1,14 +1,14 @@
 -- slices: the Lua twin of algorithms/slices.py (same integer arithmetic): settle a process's
--- previous slice, charge its debt and grant it a new slice of a key's budget, in one step.
+-- earlier slices, charge its debt and grant it a new slice of a key's budget, in one step.
 --
 -- KEYS[1]  the algorithm's own state key (the same key its script reads and writes)
--- KEYS[2]  the key's reservation: "<expires_ms>:<units>:..." ascending, units held in slices
---          that expire then (token_bucket and gcra cap their refill by it; fixed_window keeps
---          it for the count of units held). Both keys share the caller key's hash tag.
+-- KEYS[2]  the key's reservation: "<expires_ms>:<slice id>:<units>:..." by expiry, one triple
+--          per live slice (token_bucket and gcra cap their refill by the units held; a settle
+--          finds its slice here). Both keys share the caller key's hash tag.
 -- ARGV     algorithm ("fixed_window" | "token_bucket" | "gcra"), now_ms, count, period_ms,
 --          extra (fixed_window: option bits, 1 aligned; token_bucket, gcra: burst), need, want,
---          share (0: a peek, grants nothing), debt, settle, release, until (`till` here:
---          `until` is a Lua keyword), epoch_ms (see slices.Ask).
+--          share (0: a peek, grants nothing), debt, settles ("<slice id>:<units spent>,..."
+--          or ""), slice_id (of the new slice; hex), epoch_ms (see slices.Ask).
 -- Values   the algorithms' own encodings: fixed_window "<count><end_ms, 13 digits>" (or
 --          "<count>:<end_ms>"); token_bucket "<scaled/g><updated_ms - 1.7e12, 12 digits>" (or
 --          "<scaled/g>:<updated_ms>"); gcra tat_us.
@@ -22,26 +22,24 @@
 local name, now = ARGV[1], tonumber(ARGV[2])
 local count, period, extra = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local need, want, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local debt, settle, release = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local till, epoch = tonumber(ARGV[12]), tonumber(ARGV[13])
+local debt, settles, slice_id = tonumber(ARGV[9]), ARGV[10], ARGV[11]
+local epoch = tonumber(ARGV[12])
 
 -- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
 local function load_pairs()
-  local pairs_ = {}
+  local ps = {}
   local raw = redis.call('GET', KEYS[2])
   if raw then
-    local e
+    local parts = {}
     for field in string.gmatch(raw, '[^:]+') do
-      if e then
-        pairs_[#pairs_ + 1] = {e, tonumber(field)}
-        e = nil
-      else
-        e = tonumber(field)
-      end
+      parts[#parts + 1] = field
+    end
+    for i = 1, #parts - 2, 3 do
+      ps[#ps + 1] = {tonumber(parts[i]), parts[i + 1], tonumber(parts[i + 2])}
     end
   end
-  return pairs_
+  return ps
 end
 
 local function live(ps)
@@ -57,38 +55,44 @@ end
 local function total(ps)
   local n = 0
   for _, p in ipairs(ps) do
-    n = n + p[2]
+    n = n + p[3]
   end
   return n
+end
+
+-- forget the settled slices; the units granted and not spent (what goes back)
+local function settle(ps)
+  if settles == '' then
+    return ps, 0
+  end
+  local spent = {}
+  for id, units in string.gmatch(settles, '([^:,]+):([^,]+)') do
+    spent[id] = tonumber(units)
+  end
+  local kept, back = {}, 0
+  for _, p in ipairs(ps) do
+    local used = spent[p[2]]
+    if used then
+      back = back + math.max(0, p[3] - used)
+    else
+      kept[#kept + 1] = p
+    end
+  end
+  return kept, back
 end
 
 local function add(ps, e, units)
   if units <= 0 then
     return ps
   end
-  for _, p in ipairs(ps) do
-    if p[1] == e then
-      p[2] = p[2] + units
-      return ps
+  ps[#ps + 1] = {e, slice_id, units}
+  table.sort(ps, function(a, b)
+    if a[1] ~= b[1] then
+      return a[1] < b[1]
     end
-  end
-  ps[#ps + 1] = {e, units}
-  table.sort(ps, function(a, b) return a[1] < b[1] end)
+    return a[2] < b[2]
+  end)
   return ps
-end
-
-local function drop(ps, e, units)
-  local out = {}
-  for _, p in ipairs(ps) do
-    if p[1] == e then
-      if p[2] > units then
-        out[#out + 1] = {e, p[2] - units}
-      end
-    else
-      out[#out + 1] = p
-    end
-  end
-  return out
 end
 
 local function grant(available)
@@ -176,22 +180,17 @@ if name == 'fixed_window' then
     used = 0
     ends = ((extra % 2 == 1) and (now - now % period) or now) + period
   end
-  ps = live(ps)
-  if till == ends and release > 0 then
-    returned = math.min(settle, used)
-    used = used - returned
-    ps = drop(ps, ends, release)
-    changed = true
-  end
+  local back
+  ps, back = settle(live(ps))
+  returned = math.min(back, used)
+  used = used - returned
   local available = math.max(0, count - used)
   charged = math.min(debt, available)
   used = used + charged
   granted = grant(available - charged)
   used = used + granted
   ps = add(ps, ends, granted)
-  if charged > 0 or granted > 0 then
-    changed = true
-  end
+  changed = settles ~= '' or charged > 0 or granted > 0
   if need > available - charged then
     retry = (need <= count) and (ends - now) or -1
   end
@@ -217,22 +216,21 @@ elseif name == 'token_bucket' then
         scaled = math.min((burst - held) * period, scaled + (p[1] - t) * count)
         t = p[1]
       end
-      held = held - p[2]
+      held = held - p[3]
     end
     scaled = math.min((burst - held) * period, scaled + (now - t) * count)
     updated = now
   else -- a clock behind the last writer refills nothing
     scaled = math.min(scaled, (burst - total(live(ps))) * period)
   end
-  ps = live(ps)
-  if till > now and release > 0 then
-    ps = drop(ps, till, release)
-    local new = math.min((burst - total(ps)) * period, scaled + settle * period)
+  local back
+  ps, back = settle(live(ps))
+  if back > 0 then
+    local new = math.min((burst - total(ps)) * period, scaled + back * period)
     if new > scaled then
       returned = idiv(new - scaled, period)
       scaled = new
     end
-    changed = true
   end
   local available = idiv(scaled, period)
   charged = math.min(debt, available)
@@ -242,9 +240,7 @@ elseif name == 'token_bucket' then
   scaled = scaled - granted * period
   expires = (idiv(now, epoch) + 2) * epoch
   ps = add(ps, expires, granted)
-  if charged > 0 or granted > 0 then
-    changed = true
-  end
+  changed = settles ~= '' or charged > 0 or granted > 0
   local since = math.max(updated, now)
   reset = since + ceil_div(full - scaled, count)
   if short then
@@ -253,7 +249,7 @@ elseif name == 'token_bucket' then
   remaining = idiv(scaled, period)
   keep = updated + ceil_div(full - scaled, count)
   if #ps > 0 then
-    keep = math.max(keep, ps[#ps][1] + ceil_div(full, count))
+    keep = math.max(keep, ps[#ps][1] + ceil_div(full, count)) -- ps is by expiry
   end
   value = bucket_encode(scaled, updated, g)
 elseif name == 'gcra' then
@@ -271,17 +267,16 @@ elseif name == 'gcra' then
     if p[1] > now then
       break
     end
-    held = held - p[2]
+    held = held - p[3]
   end
-  ps = live(ps)
-  if till > now and release > 0 then
-    ps = drop(ps, till, release)
-    local new = math.max(tat - settle * t, now_us + total(ps) * t)
+  local back
+  ps, back = settle(live(ps))
+  if back > 0 then
+    local new = math.max(tat - back * t, now_us + total(ps) * t)
     if new < tat then
       returned = idiv(tat - new, t)
       tat = new
     end
-    changed = true
   end
   local available = math.max(0, idiv(now_us + tau - tat, t))
   charged = math.min(debt, available)
@@ -291,9 +286,7 @@ elseif name == 'gcra' then
   tat = tat + granted * t
   expires = (idiv(now, epoch) + 2) * epoch
   ps = add(ps, expires, granted)
-  if charged > 0 or granted > 0 then
-    changed = true
-  end
+  changed = settles ~= '' or charged > 0 or granted > 0
   if short then
     retry = (need > burst) and -1 or ceil_div(tat + need * t - tau - now_us, 1000)
   end
@@ -314,7 +307,7 @@ if changed then
   if #ps > 0 then
     local parts = {}
     for _, p in ipairs(ps) do
-      parts[#parts + 1] = fmt(p[1]) .. ':' .. fmt(p[2])
+      parts[#parts + 1] = fmt(p[1]) .. ':' .. p[2] .. ':' .. fmt(p[3])
     end
     redis.call('SET', KEYS[2], table.concat(parts, ':'), 'PX', ttl)
   else
