@@ -67,8 +67,9 @@ class Held:
         self.until = self.unspent = self.granted = 0
         self.ids: list[tuple[str, int]] = []
         """The grants the live slice is made of: (id, units)."""
-        self.pending: dict[str, tuple[int, int]] = {}
-        """Settles not confirmed by the store: grant id -> (units spent, until)."""
+        self.pending: dict[str, tuple[int, int, int]] = {}
+        """Settles not confirmed by the store: grant id -> (units spent, until, units granted
+        or -1 when not known: a failed call's)."""
         self.remaining = self.limit.capacity
         self.reset_ms = now
         self.blocked = self.retry_at = 0
@@ -179,8 +180,7 @@ class SliceBook:
 
     def _detach(self, h: Held, now: int) -> Settles:
         """The slice taken off ``h``, as settles, with those still pending (ended ones
-        dropped: the store has forgotten those slices). A fully spent fixed_window grant needs
-        no settle: nothing comes back, and what it held ends with its window."""
+        dropped: the store has forgotten those slices)."""
         until, unspent = h.until, h.unspent
         if until and until <= now:
             self.counts.units_expired += unspent
@@ -189,13 +189,20 @@ class SliceBook:
             for grant, units in h.ids:
                 used = spent if spent < units else units
                 spent -= used
-                if used < units or h.name != "fixed_window":
-                    h.pending[grant] = (used, until)
+                h.pending[grant] = (used, until, units)
         h.until = h.unspent = h.granted = 0
         h.ids = []
-        for grant in [g for g, (_, end) in h.pending.items() if end <= now]:
+        for grant in [g for g, (_, end, _) in h.pending.items() if end <= now]:
             del h.pending[grant]
-        return tuple((grant, used) for grant, (used, _) in h.pending.items())
+        return tuple((grant, used) for grant, (used, _, _) in h.pending.items())
+
+    def _owed(self, h: Held) -> bool:
+        """Whether ``h``'s pending settles need a call of their own: anything to give back,
+        or a reservation that caps a bucket (a fully spent fixed_window slice gives nothing
+        back, and what it holds ends with its window: its settle rides in the next take)."""
+        if h.name != "fixed_window":
+            return bool(h.pending)
+        return any(used < units or units < 0 for used, _, units in h.pending.values())
 
     def failed(self, h: Held, ask: Ask, now: int) -> None:
         """A call carrying ``ask`` failed: its settles stay pending, and the slice it asked
@@ -207,7 +214,7 @@ class SliceBook:
         else:
             until = (now // self.epoch_ms + 2) * self.epoch_ms
         with self.lock:
-            h.pending[ask.slice_id] = (0, until)
+            h.pending[ask.slice_id] = (0, until, -1)
 
     def _confirm(self, h: Held, ask: Ask) -> None:
         for grant, _ in ask.settles:
@@ -265,7 +272,7 @@ class SliceBook:
 
     def idle(self, now: int, idle_ms: int, most: int) -> list[Settle]:
         """Up to ``most`` keys' slices to give back: queued ones, then those unused for
-        ``idle_ms`` (detached here) and those with settles pending."""
+        ``idle_ms`` (detached here) and those with settles pending that need a call."""
         with self.lock:
             out, self.settles = self.settles[:most], self.settles[most:]
             for h in self.held.values():
@@ -275,12 +282,12 @@ class SliceBook:
                 if not quiet and not h.pending:
                     continue
                 unspent = h.unspent if quiet and h.until > now else 0
-                if quiet:
-                    settles = self._detach(h, now)
-                else:
-                    settles = tuple((g, used) for g, (used, _) in h.pending.items())
-                if settles:
+                settles = self._detach(h, now) if quiet else ()
+                if self._owed(h):
+                    settles = tuple((g, used) for g, (used, _, _) in h.pending.items())
                     out.append(Settle(h, settles, unspent))
+                elif settles:  # spent fixed_window slices only: forgotten here, no call
+                    h.pending.clear()
             return out
 
     def give_all(self, now: int) -> list[Settle]:
