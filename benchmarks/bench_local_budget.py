@@ -20,11 +20,12 @@ Bounded: about a minute (``--quick``: a few seconds).
   - Redis calls per decision: ``EVALSHA`` + ``EVAL`` + ``DEL`` from ``INFO commandstats``
     before and after each part (the heartbeats and give-backs included);
   - admitted per window against the limit (fixed windows: the decisions' ``reset_at``);
-  - false rejections, exactly: a rejection is false when fewer than ``limit`` units had been
-    admitted in its window by all processes before its millisecond (admissions in the same
-    millisecond count as after it, so the figure leans high); the ratio is over the requests
-    made while the window was under its limit by the same rule. Beside it, what the processes'
-    own counter (``stats()["false_rejections"]``, an upper bound) said.
+  - false rejections, exactly: each decision is logged with the wall clock (µs) when its call
+    returned; a rejection is false when fewer than ``limit`` units of its window had been
+    admitted by all processes by then (an admission is counted once its call returned, so the
+    figure leans high by what was in flight); the ratio is over the requests made while the
+    window was under its limit by the same rule. Beside it, what the processes' own counter
+    (``stats()["false_rejections"]``, an upper bound) said.
 
 Figures on a shared 2-vCPU machine are noisy: four processes and Redis share two CPUs. Compare
 the ratios within one run.
@@ -56,7 +57,7 @@ ZIPF_KEYS = 10_000
 CALLS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_del")
 
 Log = list[tuple[float, float, bool]]
-"""(decision time, window end, allowed) of every decision, in seconds."""
+"""(when the call returned, window end, allowed) of every decision, in epoch seconds."""
 
 
 def zipf_keys(n: int, s: float, count: int, seed: int) -> list[str]:
@@ -87,6 +88,7 @@ def worker(
     limiter = Limiter(store)
     keys = zipf_keys(ZIPF_KEYS, 1.1, 200_000, seed) if part == "zipf" else ["hot"]
     hit = limiter.hit
+    clock = time.time
     log: Log = []
     add = log.append
     ready.put(seed)
@@ -99,7 +101,7 @@ def worker(
             key = keys[i]
             i = i + 1 if i + 1 < nkeys else 0
             d = hit(key, rate)
-            add((d.now, d.reset_at, d.allowed))
+            add((clock(), d.reset_at, d.allowed))
         n += 256
         if time.time() >= until:
             break
@@ -162,14 +164,14 @@ def windows(logs: list[Log], keys: list[list[str] | None], limit: int) -> dict[s
     for log, names in zip(logs, keys, strict=True):
         for j, (now, end, allowed) in enumerate(log):
             key = "hot" if names is None else names[j % len(names)]
-            per[(key, round(end * 1000))].append((round(now * 1000), allowed))
+            per[(key, round(end * 1000))].append((round(now * 1e6), allowed))
     most = false = under = over = 0
     for events in per.values():
         admitted = sorted(t for t, ok in events if ok)
         most = max(most, len(admitted))
         over += len(admitted) > limit
         for t, ok in events:
-            if bisect.bisect_left(admitted, t) < limit:  # admitted strictly before this ms
+            if bisect.bisect_left(admitted, t) < limit:  # admitted strictly before this µs
                 under += 1
                 false += not ok
     return {"windows": len(per), "most": most, "over": over, "false": false, "under": under}
