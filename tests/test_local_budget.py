@@ -10,6 +10,7 @@ when idle; what a slice's size follows; refunds, peeks and resets; config errors
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 from collections import Counter
@@ -252,6 +253,16 @@ def test_a_refund_goes_into_the_slice_and_a_peek_counts_it(backend: Backend) -> 
     limiter.reset("k", "100/minute")
     assert ("f:100/1m", "k") not in budget.book.held
     assert Limiter(backend.store, clock=clock).peek("k", "100/minute").remaining == 100
+
+
+def test_a_rejection_holds_only_costs_that_cannot_fit() -> None:
+    clock = ManualClock(START)
+    limiter = Limiter(LocalBudget(MemoryStore(), clock=clock), clock=clock)
+    never = limiter.hit("k", "100/minute", cost=200)
+    assert not never.allowed and never.retry_after == math.inf
+    assert limiter.hit("k", "100/minute", cost=100).allowed  # fits: not held by the 200
+    held = limiter.hit("k", "100/minute")
+    assert not held.allowed and held.retry_after == pytest.approx(60)
 
 
 def test_limits_not_named_decide_exactly_with_one_call_each(backend: Backend) -> None:

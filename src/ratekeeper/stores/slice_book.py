@@ -9,7 +9,8 @@ the last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` unt
 - **Spend** (``spend``, the hot path): a hit whose cost the slice covers is admitted here;
   ``remaining`` is an estimate: what the store had left at the last take plus the unspent part
   (other processes' spending since is not seen). A key the store just rejected is answered
-  here too, rejected, until ``blocked`` (see below). Otherwise the store must be asked.
+  here too, rejected, until ``blocked`` (see below), for costs above what the store said was
+  left. Otherwise the store must be asked.
 - **Ask** (``ask``): the next take. ``want`` is the process's own recent demand for the key
   (units per ms, averaged over takes) times ``horizon_ms``, at least the request's cost and at
   most ``max_slice``; the store caps it by what is left (``slices``: a share of it). The
@@ -149,7 +150,7 @@ class SliceBook:
                 h.used = now
                 self.counts.spent += 1
                 return new_outcome((True, h.remaining + h.unspent, h.reset_ms, 0.0))
-            if h.blocked > now:
+            if h.blocked > now and cost > h.remaining:  # a smaller cost may fit: ask
                 h.demand += cost
                 counts = self.counts
                 counts.local_rejections += 1
