@@ -296,6 +296,21 @@ def test_a_named_limit_that_cannot_take_slices_is_logged(
     assert budget.stats()["unsliced"] == 2
 
 
+def test_a_sliced_function_that_raises_is_logged_and_decides_exactly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(policy: Any) -> bool:
+        raise KeyError("oops")
+
+    budget = LocalBudget(MemoryStore(), sliced=broken)
+    limiter = Limiter(budget, fail_open=False)
+    decisions = [limiter.hit("k", "3/minute") for _ in range(5)]
+    assert [d.allowed for d in decisions] == [True] * 3 + [False] * 2
+    assert not any(d.degraded for d in decisions)
+    assert "sliced=" in caplog.text and "raised" in caplog.text
+    assert budget.stats()["unsliced"] == 1 and budget.stats()["slices_taken"] == 0
+
+
 def test_counters_reach_the_metrics(backend: Backend) -> None:
     backend.flush()
     clock = ManualClock(START)

@@ -275,7 +275,13 @@ class LocalBudget:
         found = self._sliced.get(id(policy))
         if found is not None and found[0] is policy:
             return found[1]
-        chosen = bool(self._select(policy))
+        try:
+            chosen = bool(self._select(policy))
+        except Exception:  # the caller's function: loud, and the limit decided exactly
+            log.exception("ratekeeper: sliced=%r raised; %s decided without slices",
+                          self._select, "; ".join(str(r) for r in policy.rates))  # fmt: skip
+            self._refused += 1
+            chosen = False
         first = policy.limits[0]
         ok = (
             chosen
