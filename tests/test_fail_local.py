@@ -13,7 +13,15 @@ import asyncio
 
 import pytest
 
-from ratekeeper import AsyncLimiter, Limiter, LocalBudget, ManualClock, RedisStore
+from ratekeeper import (
+    AsyncLimiter,
+    Limiter,
+    LocalBudget,
+    ManualClock,
+    RedisStore,
+    Shard,
+    ShardedRedisStore,
+)
 from ratekeeper.errors import StoreUnavailable
 from ratekeeper.plan import make_policy
 from ratekeeper.stores.fail_local import seed, share_policy
@@ -216,3 +224,31 @@ def test_a_take_that_timed_out_is_settled_later_and_nothing_is_lost(
         admitted += 1
     assert admitted == 1000  # settled as unspent: every unit of the window was admitted
     assert budget.stats()["units_returned"] >= lost
+
+
+def test_a_shard_down_under_the_heartbeat_degrades_only_its_own_keys() -> None:
+    """The heartbeat's key lives on one shard: with that shard stopped, keys on the other
+    shard are still decided by the store (the upkeep's failure is not theirs)."""
+    servers = [RedisServer(), RedisServer()]
+    try:
+        store = ShardedRedisStore([Shard(s.url) for s in servers], socket_timeout=0.1)
+        clock, mono = ManualClock(START), ManualClock(0)
+        budget = LocalBudget(store, clock=clock, heartbeat=0.1)
+        limiter = Limiter(budget, clock=clock, monotonic=mono)
+        beat = store.partition_key("#live")
+        key = next(k for k in (f"user:{i}" for i in range(100)) if store.partition_key(k) != beat)
+        limiter.hit(key, "1000/minute")
+        servers[beat].pause()
+        try:
+            decisions = []
+            for _ in range(200):
+                clock.advance(0.01)  # a heartbeat due every 10 hits
+                decisions.append(limiter.hit(key, "1000/minute"))
+        finally:
+            servers[beat].resume()
+        assert not any(d.degraded for d in decisions)
+        assert sum(d.allowed for d in decisions) == 200
+        assert budget.stats()["upkeep_errors"] > 0
+    finally:
+        for s in servers:
+            s.stop()

@@ -138,6 +138,8 @@ class LocalBudget:
         self.clock = clock
         self._sliced: dict[int, tuple[Policy, bool]] = {}
         self._refused = 0
+        self.upkeep_errors = 0
+        """Heartbeats and give-backs that failed while the plan's own call could go on."""
         self._due = 0
         self._new_process()
         if isinstance(store, Partitioned):
@@ -247,6 +249,7 @@ class LocalBudget:
             "units_expired": c.units_expired,
             "debt_charged": c.debt_charged,
             "unsliced": self._refused,
+            "upkeep_errors": self.upkeep_errors,
             "keys": len(self.book.held),
             "live": self.live,
         }
@@ -347,10 +350,18 @@ class LocalBudget:
         if not force and now < self._due:
             return
         self._due = now + self._beat_ms
-        live = yield ("beat", (self.process, now, now + 3 * self._beat_ms))
-        self.live = max(1, int(live))
-        for settle in self.book.idle(now, self._idle_ms, 64):
-            yield from self._give(settle, now)
+        try:
+            live = yield ("beat", (self.process, now, now + 3 * self._beat_ms))
+            self.live = max(1, int(live))
+            for settle in self.book.idle(now, self._idle_ms, 64):
+                yield from self._give(settle, now)
+        except StoreUnavailable as exc:
+            if force:  # maintain() reports it
+                raise
+            # the plan's own call says whether its store answers (the heartbeat's key may be
+            # on a shard other than the plan's); what was not given back stays pending
+            self.upkeep_errors += 1
+            log.debug("ratekeeper: LocalBudget upkeep failed: %s", exc)
         self.book.trim(now, self._max_keys)
         if force and self.fail is not None and self.fail.active:
             yield from self._recover(now)
@@ -369,26 +380,37 @@ class LocalBudget:
         assert fail is not None
         debts = fail.debts
         order = list(debts)
-        if first is not None and first in debts:
+        if first is not None and first in debts:  # this key's own: its failure is the plan's
+            yield from self._charge(first, now)
             order.remove(first)
-            order.insert(0, first)
-        for slot, key in order[:RECOVER_BATCH]:
-            debt = debts[(slot, key)]
-            if debt.until > now:
-                peek = yield ("plan", make_plan("peek", debt.policy, key, now, 1))
-                room = min(o.remaining for o in peek)
-                units = debt.units if debt.units < room else room
-                if units > 0:
-                    yield ("plan", make_plan("hit", debt.policy, key, now, units))
-            debts.pop((slot, key), None)
-        for h in self.book.owing(now)[:RECOVER_BATCH]:
-            if (h.slot, h.key) == first:
-                continue  # its take carries it
-            ask = Ask(0, 0, 1, h.debt, epoch_ms=self._epoch_ms)
-            taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
-            self.book.charged(h, taken, ask)
+        try:  # the others: a failure (another shard down) leaves them for a later call
+            for k in order[: RECOVER_BATCH - 1]:
+                yield from self._charge(k, now)
+            for h in self.book.owing(now)[:RECOVER_BATCH]:
+                if (h.slot, h.key) == first:
+                    continue  # its take carries it
+                ask = Ask(0, 0, 1, h.debt, epoch_ms=self._epoch_ms)
+                taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
+                self.book.charged(h, taken, ask)
+        except StoreUnavailable as exc:
+            if first is None:  # maintain() reports it
+                raise
+            log.debug("ratekeeper: LocalBudget debts not charged yet: %s", exc)
+            return
         if not debts and not self.book.owing(now):
             fail.recovered()
+
+    def _charge(self, k: tuple[str, str], now: int) -> Steps:
+        """Charge one unsliced key's debt: a peek, and a hit of what fits."""
+        assert self.fail is not None
+        debt = self.fail.debts[k]
+        if debt.until > now:
+            peek = yield ("plan", make_plan("peek", debt.policy, k[1], now, 1))
+            room = min(o.remaining for o in peek)
+            units = debt.units if debt.units < room else room
+            if units > 0:
+                yield ("plan", make_plan("hit", debt.policy, k[1], now, units))
+        self.fail.debts.pop(k, None)
 
     def _leave(self, now: int) -> Steps:
         for settle in self.book.give_all(now):
