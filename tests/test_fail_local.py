@@ -252,3 +252,26 @@ def test_a_shard_down_under_the_heartbeat_degrades_only_its_own_keys() -> None:
     finally:
         for s in servers:
             s.stop()
+
+
+def test_concurrent_calls_charge_a_debt_once(fresh_redis: RedisServer) -> None:
+    clock, mono = ManualClock(START), ManualClock(0)
+
+    async def main() -> int:
+        store = RedisStore(fresh_redis.url, socket_timeout=0.1)
+        budget = LocalBudget(store, clock=clock, sliced=[], processes=2)
+        limiter = AsyncLimiter(budget, clock=clock, monotonic=mono)
+        fresh_redis.pause()
+        try:
+            local = [await limiter.hit("k", "10/minute") for _ in range(8)]
+        finally:
+            fresh_redis.resume()
+        assert sum(d.allowed for d in local) == 5 and all(d.degraded for d in local)
+        fresh_redis.client(socket_timeout=5).ping()
+        await asyncio.gather(*(budget.maintain_async() for _ in range(6)))  # all recovering
+        plain = AsyncLimiter(RedisStore(fresh_redis.url), clock=clock)
+        remaining = (await plain.peek("k", "10/minute")).remaining
+        await store.aclose()
+        return remaining
+
+    assert asyncio.run(main()) == 5  # 10 - the 5 owed, charged once

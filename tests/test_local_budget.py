@@ -351,6 +351,7 @@ def test_counters_reach_the_metrics(backend: Backend) -> None:
         ({"sliced": ["ten per minute"]}, "rate count 'ten'"),
         ({"max_keys": 0}, "max_keys=0 is invalid"),
         ({"clock": 5}, "clock=5 is not callable"),
+        ({"fail_local": "yes"}, "fail_local='yes' is invalid"),
     ],
 )
 def test_bad_options_are_refused_by_name(options: dict[str, Any], message: str) -> None:

@@ -129,6 +129,8 @@ class LocalBudget:
             raise ConfigError(f"max_keys={max_keys!r} is invalid; expected a whole number >= 1")
         if not callable(clock):
             raise ConfigError(f"clock={clock!r} is not callable; expected e.g. time.time")
+        if not isinstance(fail_local, bool):
+            raise ConfigError(f"fail_local={fail_local!r} is invalid; expected True or False")
         self._max_keys = max_keys
         self.book = SliceBook(horizon_ms, max_slice or 10**12, self._epoch_ms)
         self.fail = FailLocal(max_keys) if fail_local else None
@@ -380,7 +382,7 @@ class LocalBudget:
         assert fail is not None
         debts = fail.debts
         order = list(debts)
-        if first is not None and first in debts:  # this key's own: its failure is the plan's
+        if first is not None and first in order:  # this key's own: its failure is the plan's
             yield from self._charge(first, now)
             order.remove(first)
         try:  # the others: a failure (another shard down) leaves them for a later call
@@ -389,8 +391,13 @@ class LocalBudget:
             for h in self.book.owing(now)[:RECOVER_BATCH]:
                 if (h.slot, h.key) == first:
                     continue  # its take carries it
-                ask = Ask(0, 0, 1, h.debt, epoch_ms=self._epoch_ms)
-                taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
+                ask = self.book.claim(h, now)
+                try:
+                    taken = yield ("take", SliceCall(h.key, h.slot, h.name, h.limit, now, ask))
+                except StoreUnavailable:
+                    self.book.failed(h, ask, now)
+                    fail.active = True  # owed again: recovery is not over
+                    raise
                 self.book.charged(h, taken, ask)
         except StoreUnavailable as exc:
             if first is None:  # maintain() reports it
@@ -401,16 +408,23 @@ class LocalBudget:
             fail.recovered()
 
     def _charge(self, k: tuple[str, str], now: int) -> Steps:
-        """Charge one unsliced key's debt: a peek, and a hit of what fits."""
+        """Charge one unsliced key's debt: a peek, and a hit of what fits (the debt is taken
+        out while its calls are on the way, so a concurrent call does not charge it too)."""
         assert self.fail is not None
-        debt = self.fail.debts[k]
-        if debt.until > now:
+        debts = self.fail.debts
+        debt = debts.pop(k, None)
+        if debt is None or debt.until <= now:
+            return
+        try:
             peek = yield ("plan", make_plan("peek", debt.policy, k[1], now, 1))
             room = min(o.remaining for o in peek)
             units = debt.units if debt.units < room else room
             if units > 0:
                 yield ("plan", make_plan("hit", debt.policy, k[1], now, units))
-        self.fail.debts.pop(k, None)
+        except StoreUnavailable:
+            debts.setdefault(k, debt)  # owed again: if the hit ran after all, it only admits less
+            self.fail.active = True
+            raise
 
     def _leave(self, now: int) -> Steps:
         for settle in self.book.give_all(now):

@@ -176,8 +176,20 @@ class SliceBook:
             want = int(h.rate * self.horizon_ms + 0.5)  # the first take: the cost alone
             want = min(self.max_slice, want) if want > cost else cost
             settles = self._detach(h, now)
-            debt = h.debt if h.debt_until > now else 0
+            debt = self._claim(h, now)
             return Ask(cost, want, share, debt, settles, self.new_id(), self.epoch_ms)
+
+    def _claim(self, h: Held, now: int) -> int:
+        """The key's debt, taken into one call (a concurrent call does not charge it again;
+        ``failed`` puts it back)."""
+        debt = h.debt if h.debt_until > now else 0
+        h.debt -= debt
+        return debt
+
+    def claim(self, h: Held, now: int) -> Ask:
+        """A call that only charges the key's debt (after an outage)."""
+        with self.lock:
+            return Ask(0, 0, 1, self._claim(h, now), epoch_ms=self.epoch_ms)
 
     def _detach(self, h: Held, now: int) -> Settles:
         """The slice taken off ``h``, as settles, with those still pending (ended ones
@@ -206,15 +218,19 @@ class SliceBook:
         return any(used < units or units < 0 for used, _, units in h.pending.values())
 
     def failed(self, h: Held, ask: Ask, now: int) -> None:
-        """A call carrying ``ask`` failed: its settles stay pending, and the slice it asked
-        for is settled as unspent at the next call (see the module)."""
-        if ask.need <= 0 or ask.share <= 0:
-            return
-        if h.name == "fixed_window":  # the known window, or a new one opened by now
-            until = h.reset_ms if h.reset_ms > now else now + h.limit.period_ms
-        else:
-            until = (now // self.epoch_ms + 2) * self.epoch_ms
+        """A call carrying ``ask`` failed: its settles stay pending, the slice it asked for
+        is settled as unspent at the next call (see the module), its debt is owed again (if
+        the call ran after all, charging it twice only admits less)."""
         with self.lock:
+            if ask.debt:
+                h.debt += ask.debt
+                self.owers.add(h)
+            if ask.need <= 0 or ask.share <= 0:
+                return
+            if h.name == "fixed_window":  # the known window, or a new one opened by now
+                until = h.reset_ms if h.reset_ms > now else now + h.limit.period_ms
+            else:
+                until = (now // self.epoch_ms + 2) * self.epoch_ms
             h.pending[ask.slice_id] = (0, until, -1)
 
     def _confirm(self, h: Held, ask: Ask) -> None:
@@ -230,11 +246,7 @@ class SliceBook:
             if ask.settles:
                 counts.slices_returned += 1
                 counts.units_returned += taken.returned
-            if ask.debt:
-                counts.debt_charged += taken.charged
-                h.debt -= ask.debt  # what was not charged found the key empty: dropped
-                if h.debt <= 0:
-                    h.debt = h.debt_until = 0
+            counts.debt_charged += taken.charged  # what found the key empty is dropped
             h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
             if not granted:
                 return self._hold(h, now, cost, taken)
@@ -343,9 +355,6 @@ class SliceBook:
         with self.lock:
             self._confirm(h, ask)
             self.counts.debt_charged += taken.charged
-            h.debt -= ask.debt
-            if h.debt <= 0:
-                h.debt = h.debt_until = 0
 
     def forget(self, slot: str, key: str) -> None:
         """Drop the key's slice (its state was reset)."""
