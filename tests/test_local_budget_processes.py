@@ -177,7 +177,7 @@ def test_processes_never_admit_past_the_limit_and_give_back_at_close(
     assert 100000 - calm <= remaining <= 100000 - calm + refill
     stats = [json.loads((tmp_path / f"worker-{i}.json.closed").read_text()) for i in range(4)]
     assert sum(s["units_taken"] for s in stats) >= calm
-    assert all(s["live"] >= 2 for s in stats)
+    assert max(s["live"] for s in stats) >= 2  # (the last to finish may see the others gone)
 
 
 def test_a_killed_process_loses_at_most_its_slice(fresh_redis: RedisServer, tmp_path: Path) -> None:
