@@ -75,6 +75,9 @@ from .metrics import (
     Metrics,
 )
 from .reloads import Coalesced
+from .rlqs import wire as rlqs_wire
+from .rlqs.hub import Quotas
+from .rlqs.state import quota_state
 from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
@@ -241,6 +244,12 @@ class Service:
         self.metrics.watch_breakers(leases.breaker_states, kind, "lease")
         self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
         self.envoy = Envoy(self.engine, self.metrics.envoy)
+        if options.grpc_threads and self.config.rlqs.rules:
+            raise ConfigError(
+                "rlqs: Envoy's quota streams are served by grpc.aio (the default); with "
+                "--grpc-threads each stream would hold a handler thread: drop --grpc-threads"
+            )
+        self.quotas = Quotas(self.engine, quota_state(self._raw_store), self.metrics.rlqs, clock)
         self.reload = Coalesced(self._reload)
         """Re-read the config files (in a thread: requests go on being answered) and swap
         the new config in; on error keep the running config and return why. Asks made
@@ -371,6 +380,8 @@ class Service:
             self._chore(watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload))
         if shared:
             self._chore(self._publish())
+        if grpc_server is not None and not opts.grpc_threads:
+            self._chore(self.quotas.watch())
         if opts.heartbeat_fd is not None:
             self._chore(heartbeat(opts.heartbeat_fd))
         if freeze:  # before the banner: a process announced as serving has done it
@@ -397,11 +408,13 @@ class Service:
                 chore.cancel()
             drains = [http.shutdown(DRAIN)]
             if grpc_server is not None:
+                await self.quotas.close()  # Envoys keep their shares while it is away
                 drains.append(grpc_server.stop(grace=DRAIN))
             await asyncio.gather(*drains)
 
     def grpc_server(self, loop: asyncio.AbstractEventLoop) -> GrpcServer:
-        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit.
+        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit (and, on
+        ``grpc.aio``, the quota service's streams).
 
         ``grpc.aio`` on the event loop by default, on every store: beside the standard server's
         handler threads it measured faster (with ``SWITCH_INTERVAL``) and its tail shorter
@@ -414,7 +427,12 @@ class Service:
             aio = grpc.aio.server(
                 options=grpc_options(shared), maximum_concurrent_rpcs=GRPC_MAX_CALLS
             )
-            aio.add_generic_rpc_handlers((handler(RateLimitServicer(self.envoy)),))
+            aio.add_generic_rpc_handlers(
+                (
+                    handler(RateLimitServicer(self.envoy)),
+                    rlqs_wire.handler(rlqs_wire.QuotaServicer(self.quotas)),
+                )
+            )
             return GrpcServer(aio)
         servicer = ThreadServicer(self.envoy, run_inline if in_process else on_loop(loop))
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ratekeeper-grpc")
