@@ -30,6 +30,7 @@ EXPECTED = {
     "ConfigError",
     "Decision",
     "Limiter",
+    "LocalBudget",
     "ManualClock",
     "MemoryStore",
     "Rate",

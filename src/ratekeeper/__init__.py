@@ -37,6 +37,7 @@ from .signals import QueueDelay as QueueDelay
 from .stores.batching import Batching as Batching
 from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.layout import CompactLayout as CompactLayout
+from .stores.local_budget import LocalBudget as LocalBudget
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
 from .stores.rollout import RolloutStore as RolloutStore
@@ -63,6 +64,7 @@ __all__ = [
     "Lease",
     "Level",
     "Limiter",
+    "LocalBudget",
     "LoopLag",
     "ManualClock",
     "MemoryStore",

@@ -78,7 +78,7 @@ def settle_ops(gate: Gate, adm: Admission, status: int | None) -> list[Op]:
     cut = adm.rejection is not None or adm.aborted or status is None
     out = []
     for op in reserved:
-        if cut or not gate.keeps(op, status):  # type: ignore[arg-type]  # status set when not cut
+        if cut or not gate.keeps(op.position, status):  # type: ignore[arg-type]  # status set when not cut
             out.append(op._replace(kind="cancel"))
         else:
             out.append(op._replace(kind="settle", actual=actual_cost(gate, op, adm)))
