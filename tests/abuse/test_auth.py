@@ -69,6 +69,16 @@ def _request(client: httpx.Client, route: Route, auth: str | None) -> httpx.Resp
     body |= {"/v1/admin/policies/{name}": {}, "/v1/admin/reload": {}}
     body |= {"/v1/concurrency/acquire": {"policy": "c", "key": "k"}}
     body |= {"/dashboard/modes": {"name": "p", "mode": "enforce"}}
+    body |= {"/v1/reserve": {"levels": [{"policy": "p", "key": "k"}], "estimate": 1}}
+    if route.path in ("/v1/settle", "/v1/cancel"):  # a real reservation, with the client token
+        reserved = client.post(
+            "/v1/reserve",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json=body["/v1/reserve"],
+        )
+        body[route.path] = {"reservation": reserved.json()["reservation"]}
+        if route.path == "/v1/settle":
+            body[route.path]["actual"] = 1
     if route.path == "/v1/concurrency/release":  # a real lease, taken with the client token
         taken = client.post(
             "/v1/concurrency/acquire",

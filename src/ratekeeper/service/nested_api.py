@@ -129,6 +129,8 @@ class NestedAPI:
 
     async def hit(self, req: dict[str, Any]) -> Answer:
         """``/v1/hit`` with ``levels``: all or nothing."""
+        if "policy" in req or "key" in req:
+            raise BadRequest("levels", "levels replaces policy and key; send one or the other")
         parsed = self.parse(req.get("levels"))
         cost = _whole(req.get("cost", 1), "cost", 0, MAX_AMOUNT)
         over = self._over(req)
