@@ -151,10 +151,17 @@ class _Core:
         except TypeError:  # an unhashable rate sequence: never cached
             return None
         if policy is None or cost < 1:
-            if policy is None and self.quotas is not None and cost >= 1:  # "plan:<limit>"?
-                return local_quota_hit(
-                    self, key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-                )
+            quotas = self.quotas
+            if (  # "plan:<limit>", default options
+                policy is None
+                and quotas is not None
+                and cost >= 1
+                and burst is None
+                and buckets is None
+                and aligned is False
+                and count_rejected is False
+            ):
+                return local_quota_hit(self, quotas, key, rate, algorithm, cost)
             return None
         now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)

@@ -72,6 +72,9 @@ class Resolved:
     """``on_error="allow"``: decisions pass, degraded."""
     known: bool = field(default=True)
     """Whether ``answer`` came from the source (else nothing was ever learnt)."""
+    fast: dict[str, Policy] = field(default_factory=dict)
+    """``"plan:<limit>"`` -> its policy, for the limits of one rate that an in-process store
+    decides on the fast path (``calls.local_quota_hit``); empty when ``open``."""
 
     def source_of(self, name: str) -> str:
         """Where limit ``name`` came from: ``override`` or the plan's origin."""
@@ -272,6 +275,7 @@ class Quotas:
             live,
             answer,
             until_ms=min(ends, default=math.inf),
+            fast={f"plan:{n}": p for n, p in policies.items() if len(p.limits) == 1},
         )
 
     def _overridden(self, plan: str, limit: PlanLimit, override: Override) -> PlanLimit:
@@ -307,6 +311,8 @@ class Quotas:
         r = self.resolve(tenant, None, now_ms, origin=origin)
         r.known = False
         r.open = self.on_error == "allow"
+        if r.open:
+            r.fast = {}
         return r
 
     def status_of(self, key: str, name: str, default: int = 429) -> int:

@@ -61,45 +61,23 @@ def quota_name(
 
 
 def local_quota_hit(
-    core: _Core,
-    key: str,
-    rate: object,
-    algorithm: str,
-    cost: int,
-    burst: int | None,
-    buckets: int | None,
-    aligned: bool,
-    count_rejected: bool,
+    core: _Core, quotas: Quotas, key: str, rate: object, algorithm: str, cost: int
 ) -> Decision | None:
     """A hit on a plan's limit decided by an in-process store from a fresh cached answer,
-    without a ``Plan`` (``_Core.local_hit``'s fast path for ``"plan:<limit>"``), or None when
-    the call needs the full path (``PlanCalls._quota``). The same decision either way; key
-    and cost are checked by the caller."""
-    quotas = core.quotas
-    hit_one = core.hit_one
-    if quotas is None or hit_one is None or type(rate) is not str:
-        return None
-    name = quotas.refs.get(rate)
-    if (
-        name is None
-        or algorithm != "fixed_window"
-        or burst is not None
-        or buckets is not None
-        or aligned is not False
-        or count_rejected is not False
-    ):
-        return None
+    without a ``Plan`` (``_Core.local_hit``'s fast path for ``"plan:<limit>"``, called with
+    default options, an in-process store and a checked key and cost), or None when the call
+    needs the full path (``PlanCalls._quota``). The same decision either way."""
     tenant_of = quotas.tenant_of
     r = quotas._cache.get(key if tenant_of is None else tenant_of(key))
-    if r is None or r.open:
+    if r is None:
+        return None
+    policy = r.fast.get(rate)  # type: ignore[call-overload]  # any hashable rate: None
+    if policy is None or algorithm != "fixed_window":
         return None
     now = int(core.clock() * 1000 + 0.5)  # as in ``plan``
     if now >= r.until_ms or quotas.monotonic() >= r.fresh_until:
         return None
-    policy = r.policies[name]
-    if len(policy.limits) != 1:
-        return None
-    outcome = hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
+    outcome = core.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)  # type: ignore[misc]  # the caller checked hit_one
     return decide_one(policy, outcome, now)
 
 
