@@ -78,7 +78,7 @@ def local_quota_hit(
     if now >= r.until_ms or quotas.monotonic() >= r.fresh_until:
         return None
     outcome = core.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)  # type: ignore[misc]  # the caller checked hit_one
-    return decide_one(policy, outcome, now)
+    return None if outcome is None else decide_one(policy, outcome, now)
 
 
 def quota_answer(
