@@ -249,3 +249,33 @@ def test_a_credit_under_contention_admits_exactly_its_units(backend: Backend) ->
     for t in threads:
         t.join()
     assert sum(admitted) == 3 + 5 + 7
+
+
+STACKED = Plans.from_yaml("""\
+default: free
+plans:
+  free:
+    api: {rate: 2/second; 100/hour, algorithm: sliding_window}
+    burst: {rate: 10/minute, algorithm: token_bucket}
+    exports: 10/calendar-month
+""")
+
+
+def test_status_lists_every_limit_and_charges_nothing(backend: Backend) -> None:
+    clock = ManualClock(1_710_000_000.0)
+    limiter = Limiter(backend.store, clock=clock, fail_open=False, quotas=Quotas(STACKED))
+    limiter.hit("bob", "plan:api")
+    limiter.hit("bob", "plan:burst", cost=3)
+
+    def rows() -> list[tuple[str, str, int, int]]:
+        return [(r.name, r.rate, r.used, r.remaining) for r in limiter.status("bob")]
+
+    expected = [
+        ("api", "2/1s", 1, 1),
+        ("api", "100/1h", 1, 99),
+        ("burst", "10/1m", 3, 7),
+        ("exports", "10/calendar-month", 0, 10),
+    ]
+    assert [rows() for _ in range(5)] == [expected] * 5  # asked five times, charged nothing
+    assert limiter.hit("bob", "plan:api").remaining == 0  # the second of this second
+    assert rows()[0][2:] == (2, 0)
