@@ -41,7 +41,7 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
         ], name
         assert inspect.iscoroutinefunction(aio[name]) == (
             name
-            in {"hit", "peek", "refund", "reset", "check", "decide"}
+            in {"hit", "peek", "refund", "reset", "check", "decide", "status", "administer"}
             | {"nested", "refund_nested", "reserve", "settle", "cancel"}
         )
         assert not inspect.iscoroutinefunction(member)

@@ -215,7 +215,8 @@ def test_a_store_without_nested_calls_is_named() -> None:
         ({"key": "a", "rate": "1/s"}, "expected a list of Level"),
         ([Level("a", "1/s"), ("b", "1/s")], "level 1 is"),
         ([Level("a", "1/s"), Level("b", "1/s"), Level("b", "1/s")], "level 2 repeats level 1"),
-        ([Level("a", "1/s; 1/h"), Level("b", "1/m"), Level("a", "1/h")], "level 2 repeats level 0"),
+        # counters are named by window: two rates of one window on a key are one counter
+        ([Level("a", "1/s; 1/h"), Level("b", "1/m"), Level("b", "5/m")], "level 2 repeats level 1"),
         ([Level("", "1/s")], "key '' is invalid"),
         ([Level(7, "1/s")], "key 7 is invalid"),  # type: ignore[arg-type]
         ([Level("a", "0/s")], "admits nothing"),

@@ -6,7 +6,9 @@ A decision is built from one store reply only, so its headers always agree with 
 - GitHub-style ``X-RateLimit-Limit / -Remaining / -Reset`` (integer epoch seconds) ``/ -Used``;
 - the IETF draft "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11,
   structured fields): ``RateLimit-Policy`` lists every rate of the stack as
-  ``"name";q=<quota>;w=<window s>``, and ``RateLimit`` gives the deciding rate as
+  ``"name";q=<quota>;w=<window s>`` (and ``;qu="<unit>"`` when the rate says what it counts,
+  ``Rate.unit``; a calendar rate's ``w`` is its unit's nominal length, a month 30 days, while
+  its reset is the period's true end), and ``RateLimit`` gives the deciding rate as
   ``"name";r=<remaining>;t=<seconds>``;
 - ``Retry-After`` (integer seconds, rounded up) on a rejection that can ever succeed.
 
@@ -16,8 +18,8 @@ than ``t``); otherwise the seconds until the deciding rate is fully reset or ref
 for ``fixed_window`` is also when its quota comes back, and for the refilling algorithms the
 moment by which all of it has.
 
-A quota unit other than requests (``unit``: ``content-bytes``, ``concurrent-requests``, the
-draft's others) is sent as each ``RateLimit-Policy`` item's ``qu`` parameter.
+A rate's quota unit is ``Rate.unit``; ``headers(policy, unit)`` gives one for the rates that
+state none (a middleware check's ``unit=``), so ``qu`` names what each rate counts.
 
 Names are structured-field Strings, which hold printable ASCII only (RFC 8941 3.3.3): every
 byte of a name's UTF-8 outside ``0x20-0x7E``, and ``%`` itself, is written ``%XX`` (upper-case
@@ -68,7 +70,8 @@ class Decision:
         """The response headers a server should send with this decision.
 
         ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``);
-        ``unit`` is its quota unit when not requests (``qu``, e.g. ``content-bytes``).
+        ``unit`` is the quota unit (``qu``, e.g. ``content-bytes``) of the rates that state
+        none (``Rate.unit`` wins).
         """
         return dict(zip(HEADER_NAMES, self.header_values(policy, unit), strict=False))
 
@@ -182,11 +185,12 @@ def _names(
     once."""
     names = [_item_name(policy, r, len(stack)) for r in stack]
     deciding = names[stack.index(rate)] if rate in stack else names[0]
-    qu = "" if unit is None else f';qu="{unit}"'
     fields = []
     for n, r in zip(names, stack, strict=True):
         quota = quotas[stack.index(r)] if quotas else limit if r == rate else r.count
-        fields.append(f"{n};q={quota}{qu};w={max(1, math.ceil(r.period))}")
+        qu = r.unit if r.unit is not None else unit
+        said = "" if qu is None else f';qu="{qu}"'
+        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}{said}")
     return deciding, ", ".join(fields)
 
 

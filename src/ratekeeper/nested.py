@@ -133,7 +133,7 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
             f"a nested call has {len(levels)} levels; expected 1 to {MAX_LEVELS}, outermost first"
         )
     tiers: list[Tier] = []
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[tuple[bool, str, str], int] = {}
     outer = ""
     for index, level in enumerate(levels):
         if not isinstance(level, Level):
@@ -141,6 +141,11 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
         key = check_key(level.key)
         if index == 0:
             outer = key
+        if isinstance(level.rate, str) and level.rate.strip().startswith("plan:"):
+            raise ConfigError(
+                f"level {index} ({key!r}) rate {level.rate!r} names a plan's limit; a nested "
+                "level takes its rates itself (e.g. '1000/hour'): plans do not nest"
+            )
         policy = policy_of(level.rate, level.algorithm, level.burst, level.buckets, level.aligned)
         own = level.cost
         if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own < 0):
@@ -149,7 +154,8 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
                 ">= 0, or None for the call's cost"
             )
         for slot in policy.slots:
-            where = seen.setdefault((key, slot), index)
+            # level 0 is the outer key's own counter; the others are scoped under it
+            where = seen.setdefault((index == 0, key, slot), index)
             if where != index:
                 rate = slot.split(":", 1)[1]
                 raise ConfigError(

@@ -378,7 +378,7 @@ def test_content_bytes_charges_the_body_and_names_the_unit() -> None:
     client = client_for(mw)
     r = client.post("/upload", content=b"x" * 300, headers=who())
     assert r.json() == {"read": 300}
-    assert r.headers["RateLimit-Policy"] == '"upload.org";q=1000;qu="content-bytes";w=60'
+    assert r.headers["RateLimit-Policy"] == '"upload.org";q=1000;w=60;qu="content-bytes"'
     assert remaining(store, [Level("upload:acme", "1000/minute")], clock) == [700]
     # a lying Content-Length is settled with the bytes the app really read
     sent = asyncio.run(
@@ -390,7 +390,7 @@ def test_content_bytes_charges_the_body_and_names_the_unit() -> None:
     rc = RateCheck("bytes", "100/minute", cost=costs.content_length(), unit="content-bytes")
     mw2 = RateLimitMiddleware(app_with_routes(), [rc], clock=clock)
     r = client_for(mw2).post("/upload", content=b"z" * 60)
-    assert r.headers["RateLimit-Policy"] == '"bytes";q=100;qu="content-bytes";w=60'
+    assert r.headers["RateLimit-Policy"] == '"bytes";q=100;w=60;qu="content-bytes"'
     assert r.headers["RateLimit"] == '"bytes";r=40;t=60'
 
 
@@ -500,7 +500,7 @@ def test_wsgi_settles_when_the_body_is_closed() -> None:
     with wsgi_server(mw3) as base, httpx.Client(base_url=base, timeout=10) as http:
         r = http.post("/upload", content=b"q" * 123, headers=who())
         assert r.content == b"123"
-        assert r.headers["RateLimit-Policy"] == '"up.org";q=1000;qu="content-bytes";w=60'
+        assert r.headers["RateLimit-Policy"] == '"up.org";q=1000;w=60;qu="content-bytes"'
         assert wait_until(
             lambda: remaining(store, [Level("up:acme", "1000/minute")], clock) == [877]
         )

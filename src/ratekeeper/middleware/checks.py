@@ -5,8 +5,11 @@ for WSGI, async for ASGI) from them, over one store.
 
 - ``RateCheck``: a request-rate rule — any algorithm, stacked rates, a key function, routes,
   methods and a cost (a number or a function of the request). The rate may be a function of the
-  request too (a customer's plan; ``None``: no limit for this request), and ``charge_when``
-  decides from the response's status whether the request is charged at all. Over: 429.
+  request too (a customer's plan; ``None``: no limit for this request), or ``"plan:<limit>"``:
+  the key's tenant's limit in the middleware's ``quotas`` (the key is then the tenant's, and
+  the limit's name owns the counters). ``charge_when`` decides from the response's status
+  whether the request is charged at all. Over: 429, or ``status=403`` (a plan's limit says its
+  own).
 - ``NestedCheck``: several ``CheckLevel``s (org > user > key), each with its key function,
   rate and algorithm, decided all or nothing in one store call (``ratekeeper.nested``); with
   ``actual=`` the cost is reserved before the app runs and settled once the response has
@@ -60,10 +63,20 @@ UNITS = ("requests", "content-bytes")
 """Quota units a rate check may count in (draft-ietf-httpapi-ratelimit-headers' ``qu``)."""
 
 
-def _check_unit(unit: object) -> str | None:
-    """A unit's ``qu`` to send: None for requests (the default, left out)."""
+def _check_unit(unit: object, rate: object = None, what: str = "") -> str | None:
+    """A check's ``unit``: the quota unit (``Rate.unit``) of its rates that state none, sent as
+    ``qu``; None for requests (the default, left out). A fixed rate that states another unit
+    is refused: one rate, one unit."""
     if unit not in UNITS:
         raise ConfigError(f"unit={unit!r} is invalid; expected one of {', '.join(UNITS)}")
+    if unit != "requests" and not callable(rate) and rate is not None:
+        rates = rate if isinstance(rate, tuple) else (rate,)
+        for r in rates:
+            if isinstance(r, Rate) and r.unit is not None and r.unit != unit:
+                raise ConfigError(
+                    f"{what} has unit={unit!r} but its rate {r} counts {r.unit!r}; give the "
+                    "unit once (on the check, or on the rate)"
+                )
     return None if unit == "requests" else str(unit)
 
 
@@ -103,8 +116,12 @@ class RateCheck:
     """Requests per key under a rate (or stack), e.g. ``RateCheck("api", "10/s; 500/h")``.
 
     ``rate`` may be a function of the request returning the rate, or None for no limit (it is
-    then parsed per request; a bad one fails open and is logged). ``charge_when`` (default: the
-    middleware's) is asked with the response's status; False refunds the charge.
+    then parsed per request; a bad one fails open and is logged), or ``"plan:<limit>"`` (the
+    middleware's ``quotas``; no algorithm or options here: the plan sets them).
+    ``charge_when`` (default: the middleware's) is asked with the response's status; False
+    refunds the charge. ``status`` answers a rejection: 429, or 403 for an exhausted quota.
+    ``unit`` (``content-bytes`` for a byte budget) is the quota unit of the check's rates that
+    state none (``Rate.unit``), sent as ``RateLimit-Policy``'s ``qu``.
     """
 
     name: str
@@ -118,18 +135,28 @@ class RateCheck:
     cost: int | CostFunc = 1
     charge_when: ChargeWhen | None = None
     unit: str = "requests"
+    status: int = 429
     where: _Scope = field(init=False, repr=False, compare=False)
     qu: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        if self.status not in (429, 403) or isinstance(self.status, bool):
+            raise ConfigError(f"status={self.status!r} is invalid; expected 429 or 403")
         if callable(self.rate):
             make_policy("1/1ms", self.algorithm, self.burst, self.buckets)  # the options
+        elif isinstance(self.rate, str) and self.rate.startswith("plan:"):
+            given = (self.algorithm, self.burst, self.buckets, self.unit)
+            if given != ("fixed_window", None, None, "requests"):
+                raise ConfigError(
+                    f"check {self.name!r} counts {self.rate!r}, a plan's limit: the plan sets "
+                    "its algorithm, options and unit, give none here"
+                )
         else:
             make_policy(self.rate, self.algorithm, self.burst, self.buckets)  # fail at startup
         _check_charge_when(self.charge_when)
         _check_cost(self.cost)
-        object.__setattr__(self, "qu", _check_unit(self.unit))
+        object.__setattr__(self, "qu", _check_unit(self.unit, self.rate, f"check {self.name!r}"))
         object.__setattr__(self, "where", _scope(self.routes, self.methods))
 
     def cost_of(self, request: RequestInfo) -> int:
@@ -139,6 +166,12 @@ class RateCheck:
     def rate_of(self, request: RequestInfo) -> RateSpec | None:
         """The rate for this request (None: no limit)."""
         return self.rate(request) if callable(self.rate) else self.rate
+
+    @property
+    def plan_limit(self) -> str:
+        """The plan limit a fixed ``"plan:<limit>"`` rate names, else ``""``."""
+        rate = self.rate
+        return rate[5:] if isinstance(rate, str) and rate.startswith("plan:") else ""
 
 
 def _check_charge_when(charge_when: object) -> None:
@@ -202,7 +235,8 @@ class NestedCheck:
     ``costs.response_bytes()``, any function of the request and its ``costs.Usage``) the cost
     is an estimate: reserved before the app runs (living ``ttl`` seconds) and settled with the
     actual cost once the response has ended (``ratekeeper.reservations``). ``unit`` is the
-    quota unit the headers name (``content-bytes`` for a byte budget). A rejection by a later
+    quota unit of the levels' rates that state none (``Rate.unit``; ``content-bytes`` for a
+    byte budget), which the headers name. A rejection by a later
     check, an interrupted request or ``charge_when`` False gives everything back.
     """
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Generator, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
@@ -86,7 +86,11 @@ from .responses import (
     decision_headers,
     rate_rejection,
     shed_rejection,
+    wants_problem,
 )
+
+if TYPE_CHECKING:
+    from ..quotas.cache import Quotas
 
 log = logging.getLogger("ratekeeper")
 
@@ -177,6 +181,8 @@ class Gate:
         metrics: Metrics | None = None,
         *,
         asgi: bool = False,
+        quotas: Quotas | None = None,
+        problem_details: bool = False,
     ) -> None:
         if isinstance(checks, CHECK_TYPES):
             checks = [checks]
@@ -212,6 +218,10 @@ class Gate:
         """Whether a check settles after the response (a ``NestedCheck`` with ``actual``): the
         middleware then keeps each request's ``costs.Usage``. Set by ``add``, and by a
         framework integration as soon as a route may get such a check (``routes``)."""
+        self.quotas = quotas
+        """The plans ``"plan:<limit>"`` rates name (the runners' limiters resolve them)."""
+        self.problem_details = bool(problem_details)
+        """Rate rejections as problem details (``quota-exceeded``) even when not asked."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -254,6 +264,13 @@ class Gate:
             position = len(self.checks)
             if isinstance(check, NestedCheck) and check.actual is not None:
                 self.settling = True
+            if isinstance(check, RateCheck) and check.plan_limit:
+                if self.quotas is None:
+                    raise ConfigError(
+                        f"check {check.name!r} counts {check.rate!r}, a plan's limit, but the "
+                        "middleware has no plans; give it quotas=Quotas(plans, ...)"
+                    )
+                self.quotas.limit_name(check.rate)  # an unknown limit: refused, named
             if isinstance(check, WorkerCheck):
                 shedder = check.shedder or self._default_shedder(check)
                 self._shedders[position] = shedder
@@ -338,7 +355,7 @@ class Gate:
     ) -> Generator[Op, Any, Rejection | bool]:
         """One check: True if allowed, False if it does not apply, else the rejection."""
         if isinstance(check, NestedCheck):
-            result = yield from nested_walk(index, check, request, adm, mode)
+            result = yield from nested_walk(index, check, request, adm, mode, self.problem_details)
             return result
         if isinstance(check, RateCheck | ConcurrencyCheck):
             if not check.where.applies(request):
@@ -347,8 +364,8 @@ class Gate:
             if key is None:
                 return False
             adm.key = key
-            key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
+                key = f"{check.name}:{key}"
                 lease, busy = unwrap((yield Op("acquire", index, key)))
                 if not self._keep(adm, index, lease):
                     return concurrency_rejection(check.name, check.capacity)
@@ -358,12 +375,19 @@ class Gate:
             rate = check.rate_of(request)
             if rate is None:
                 return False
+            plan = type(rate) is str and rate[:5] == "plan:"  # a plan's limit: the tenant's key
+            if not plan:
+                key = f"{check.name}:{key}"
             op = Op("hit", index, key, check.cost_of(request), rate=rate)
             decision: Decision = unwrap((yield op))
             if decision.degraded:
                 raise Degraded
             if not decision.allowed:
-                return rate_rejection(check.name, decision, unit=check.qu)
+                status = check.status
+                if plan and self.quotas is not None:
+                    status = self.quotas.status_of(key, str(rate)[5:], status)
+                problem = self.problem_details or wants_problem(request.header("accept"))
+                return rate_rejection(check.name, decision, status, problem, unit=check.qu)
             adm.charged.append(op)
             if mode == "enforce" and (
                 adm.best is None or decision.remaining < adm.best[1].remaining

@@ -29,17 +29,23 @@ from .checks import NestedCheck
 from .costs import Usage
 from .ops import Degraded, Op, unwrap
 from .request import RequestInfo
-from .responses import Rejection, rate_rejection
+from .responses import Rejection, rate_rejection, wants_problem
 
 if TYPE_CHECKING:
     from .gate import Admission, Gate
 
 
 def nested_walk(
-    index: int, check: NestedCheck, request: RequestInfo, adm: Admission, mode: str
+    index: int,
+    check: NestedCheck,
+    request: RequestInfo,
+    adm: Admission,
+    mode: str,
+    problem_details: bool = False,
 ) -> Generator[Op, Any, Rejection | bool]:
     """One ``NestedCheck``: True if allowed (charged or reserved on every level), False if
-    it does not apply to the request, else the rejection."""
+    it does not apply to the request, else the rejection (as problem details with
+    ``problem_details`` or when the client's ``Accept`` asks, as a rate check's)."""
     if not check.where.applies(request):
         return False
     levels = check.levels_of(request)
@@ -57,7 +63,10 @@ def nested_walk(
         raise Degraded
     if not decision.allowed:
         item = decision.names[decision.level]
-        return rate_rejection(check.name, decision.decision, item, check.qu)
+        problem = problem_details or wants_problem(request.header("accept"))
+        return rate_rejection(
+            check.name, decision.decision, problem=problem, item=item, unit=check.qu
+        )
     adm.charged.append(op)
     if mode == "enforce" and (adm.best is None or decision.remaining < adm.best[1].remaining):
         name = decision.names[decision.level] or check.name

@@ -1,8 +1,11 @@
 """The sans-I/O half of nested calls on Redis: ``NestedPlan`` -> one ``EVALSHA`` -> reply.
 
 - ``nested_script(layout)``: ``integer.lua``, then each algorithm's twin wrapped as
-  ``ALG[name] = function(KEYS, ARGV) <layout><twin> end`` (the same files the one-key scripts
-  are made of: one semantics), then ``nested.lua``, the driver. One script per key layout.
+  ``ALG[name] = function(KEYS, ARGV, N, LEGACY) <layout><twin> end`` (the same files the
+  one-key scripts are made of: one semantics; ``N`` and ``LEGACY``, which ``stack.lua``
+  derives from the arguments of a one-key call, are given by the driver, as a settle's
+  arguments would throw that count off), then ``nested.lua``, the driver. One script per key
+  layout.
 - ``nested_command(codec, plan)``: its keys and ARGV (``nested.lua``'s header has the
   contract). Every key carries the outermost level's hash tag (``nested_tag``: the caller
   key's, or its bucket's in the compact layout), so one Cluster slot, one shard, one script:
@@ -16,6 +19,11 @@
     with an algorithm's letter) and no field of the compact layout starts ``#>`` (its hashed
     fields are base64), so nested counters never meet plain ones;
   - ``{prefix}{tag}>R`` and ``>Z``: the tag's reservations (a hash and a sorted set).
+  - with ``legacy_keys``, level 0 also names its counters' 0.1 keys (read when a counter has
+    no state under its own name yet, as ``hit`` does); scoped levels are new, with nothing
+    to carry over.
+- Calendar rates get the end of the period holding the call's ``now_ms`` as their
+  ``period_ms`` argument (``redis_codec.calendar_args``), as for ``hit``.
 - ``nested_reply``: the script's integers -> ``NestedReply``.
 """
 
@@ -33,7 +41,7 @@ from ..nested import NestedPlan, NestedReply, Tier
 from ..plan import make_plan
 from .keys import MAX_PLAIN_BYTES, encode_tag
 from .layout import MAX_FIELD_BYTES, PACKED, compact_field
-from .redis_codec import _BY_SHA, Codec, Command, Script, outcomes, policy_args
+from .redis_codec import _BY_SHA, Codec, Command, Script, calendar_args, outcomes, policy_args
 
 
 @cache
@@ -49,7 +57,7 @@ def nested_script(layout: str = "keys") -> Script:
         body = read(f"{name}.lua")
         if name in PACKED:  # sliding_log keeps its lists in either layout
             body = read(f"layout_{layout}.lua") + body
-        parts.append(f"ALG['{name}'] = function(KEYS, ARGV)\n{body}end\n")
+        parts.append(f"ALG['{name}'] = function(KEYS, ARGV, N, LEGACY)\n{body}end\n")
     parts.append(read("nested.lua"))
     source = "".join(parts)
     sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
@@ -91,7 +99,8 @@ def nested_tag(codec: Codec, plan: NestedPlan) -> str:
 
 
 def _level(codec: Codec, tag: str, tier: Tier) -> tuple[list[str], str]:
-    """A level's keys and its compact field ('' when its state is not a hash field)."""
+    """A level's keys (level 0 with ``legacy_keys``: then their 0.1 names) and its compact
+    field ('' when its state is not a hash field)."""
     policy = tier.policy
     packed = codec.layout is not None and codec.layout.packs(policy.algorithm.NAME)
     if tier.scope is None:
@@ -114,8 +123,10 @@ def nested_command(codec: Codec, plan: NestedPlan) -> Command:
         level_keys, field = _level(codec, tag, tier)
         keys += level_keys
         policy = tier.policy
-        argv += (policy.algorithm.NAME, len(level_keys), tier.cost, int(tier.settles), field)
-        args = policy_args(policy)
+        n = len(policy.slots)
+        legacy = int(len(level_keys) > n)
+        argv += (policy.algorithm.NAME, n, tier.cost, int(tier.settles), field, legacy)
+        args = calendar_args(policy, plan.now_ms) if policy.calendar else policy_args(policy)
         for i, debt in enumerate(tier.debts):
             argv += (*args[3 * i : 3 * i + 3], debt)
     keys += (f"{codec.prefix}{{{tag}}}>R", f"{codec.prefix}{{{tag}}}>Z")

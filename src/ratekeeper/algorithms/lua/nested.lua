@@ -1,17 +1,21 @@
 -- nested: several caller keys decided all or nothing, and reservations settled later
 -- (nested.py, reservations.py; stores/nested_codec.py builds the calls). Loaded after
--- integer.lua and a table ALG holding each algorithm's twin as a function(KEYS, ARGV) over the
--- store's key layout (stores/nested_codec.nested_script), which this script calls per level.
+-- integer.lua and a table ALG holding each algorithm's twin as a function(KEYS, ARGV, N,
+-- LEGACY) over the store's key layout (stores/nested_codec.nested_script), which this script
+-- calls per level with N, the number of rates it passes, and LEGACY, whether their 0.1 keys
+-- follow them (stack.lua's two values, which the twin cannot derive from a settle's ARGV).
 --
 -- KEYS     every rate's key of every level, level by level (all carry the outermost level's
---          hash tag), then R and Z, the reservations of that tag.
+--          hash tag; a legacy level's n keys are followed by their n 0.1 names), then R and
+--          Z, the reservations of that tag.
 -- ARGV     op ("hit" | "peek" | "refund" | "reserve" | "settle" | "cancel"), now_ms, id,
 --          amount (reserve: ttl_ms; settle: the actual cost), keep_ms (how long a settled id
 --          is remembered), hold_ms (the least TTL of R and Z), the number of levels, then per
 --          level: the algorithm's name, its number of rates n, cost, settles (1: its cost is
---          the call's, settled later), field (the compact layout's hash field, or ''), then
---          per rate: count, period_ms, extra, debt (the units a settle may charge past the
---          limit).
+--          the call's, settled later), field (the compact layout's hash field, or ''), legacy
+--          (1: its keys' 0.1 names follow them), then per rate: count, period_ms (a calendar
+--          rate's: the end of its period holding now_ms), extra, debt (the units a settle may
+--          charge past the limit).
 -- R, Z     R maps a reservation id to its record (JSON: t = since_ms, e = the estimate, l = the
 --          settling levels as parsed below, each with marks: the reset_ms each rate's charge
 --          answered, which names the window or bucket it went into whatever other callers'
@@ -40,11 +44,19 @@ for i = 1, tonumber(ARGV[7]) do
   local lv = {name = ARGV[a], cost = ARGV[a + 2], settles = ARGV[a + 3], field = ARGV[a + 4],
     keys = {}, rates = {}}
   local n = tonumber(ARGV[a + 1])
-  a = a + 5
+  local legacy = ARGV[a + 5] == '1'
+  a = a + 6
   for j = 1, n do
     lv.keys[j] = KEYS[k]
     lv.rates[j] = {ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]}
     k, a = k + 1, a + 4
+  end
+  if legacy then
+    lv.old = {}
+    for j = 1, n do
+      lv.old[j] = KEYS[k]
+      k = k + 1
+    end
   end
   levels[i] = lv
 end
@@ -58,13 +70,18 @@ local function run(lv, first, last, what, cost, since, debt, mark)
     local r = lv.rates[j]
     argv[#argv + 1], argv[#argv + 2], argv[#argv + 3] = r[1], r[2], r[3]
   end
+  if lv.old then
+    for j = first, last do
+      keys[#keys + 1] = lv.old[j]
+    end
+  end
   if since then
     argv[#argv + 1], argv[#argv + 2], argv[#argv + 3] = since, debt, mark
   end
   if lv.field ~= '' then
     argv[#argv + 1] = lv.field
   end
-  return ALG[lv.name](keys, argv)
+  return ALG[lv.name](keys, argv, last - first + 1, lv.old ~= nil)
 end
 
 -- delta more (or -delta fewer) units than charged at since: each rate with its own debt and
@@ -168,7 +185,21 @@ local status = 3
 local actual = (op == 'settle') and amount or 0
 if raw then
   local rec = cjson.decode(raw)
-  for _, lv in ipairs(rec.l) do
+  -- a calendar rate's window end is the one holding now (the record has the reserve's): from
+  -- this call's levels, the reservation's own, whose settling levels are the record's
+  local current = {}
+  for _, lv in ipairs(levels) do
+    if lv.settles == '1' then
+      current[#current + 1] = lv
+    end
+  end
+  for i, lv in ipairs(rec.l) do
+    local now_lv = current[i]
+    if now_lv and now_lv.name == lv.name and #now_lv.rates == #lv.rates then
+      for j, r in ipairs(lv.rates) do
+        r[2] = now_lv.rates[j][2]
+      end
+    end
     settle(lv, actual - tonumber(rec.e), rec.t)
   end
   status = 1

@@ -1,8 +1,9 @@
 -- sliding_log: the Lua twin of algorithms/sliding_log.py (the exact sliding window).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
--- ARGV     op ("hit" | "peek" | "refund" | "settle"), now_ms, cost,
---          then per rate i: count, period_ms, extra (unused: 0).
+-- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag (with LEGACY,
+--          KEYS[N + i] its 0.1 name: a list found only there is copied over, stack.lua).
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, extra (unused: 0).
 -- Value    a Redis list of admission times in epoch ms, oldest first, one element per admitted
 --          unit (cost n = n equal elements); Redis packs them as integers (~10 bytes each).
 --          An element ts counts while now_ms < ts + period_ms; older ones are trimmed from the
@@ -10,7 +11,9 @@
 -- Expiry   the newest element leaves the window at last + period_ms; every write sets a
 --          relative PEXPIRE of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund and settle: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit is refund; debit logs cost units at now whatever the window holds, up to 3
+--          times the count (algorithms/base.DEBT).
 -- Cost     O(log n) LINDEX probes to find the expired head, O(cost) to append.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -76,15 +79,28 @@ local function expire(key, period)
   end
 end
 
+-- rate i's list: with LEGACY, a list found only under its 0.1 name is read there (a peek) or
+-- carried over (COPY keeps its TTL; the old key stays until its TTL)
+local function list(i)
+  local key = KEYS[i]
+  if LEGACY and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[N + i]) == 1 then
+    if op == 'peek' then
+      return KEYS[N + i]
+    end
+    redis.call('COPY', KEYS[N + i], key)
+  end
+  return key
+end
+
 -- settle (a reservation's actual cost: nested.lua; sliding_log.settle): cost is the delta;
 -- ARGV after the rates holds since_ms, debt and the charge's reset_ms (unused). A refund
 -- removes up to -delta entries stamped since_ms while they are in the window; an extra
 -- appends entries at now, up to count + debt in the window.
 if op == 'settle' then
-  local since, debt = ARGV[3 * #KEYS + 4], tonumber(ARGV[3 * #KEYS + 5])
-  for i = 1, #KEYS do
+  local since, debt = ARGV[3 * N + 4], tonumber(ARGV[3 * N + 5])
+  for i = 1, N do
     local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-    local key = KEYS[i]
+    local key = list(i)
     if cost < 0 then
       if tonumber(since) > now - period and redis.call('LREM', key, -cost, since) > 0 then
         expire(key, period)
@@ -102,15 +118,17 @@ if op == 'settle' then
   return {}
 end
 
-local reply, all_allowed, old = {}, true, {}
-for i = 1, #KEYS do
+local reply, all_allowed, old, room = {}, true, {}, {}
+for i = 1, N do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local key = KEYS[i]
+  local key = list(i)
   local len = redis.call('LLEN', key)
   local gone = expired(key, len, now - period)
   local live = len - gone
   old[i] = gone
-  if op ~= 'refund' then
+  if op == 'debit' then
+    room[i] = math.max(0, math.min(cost, 3 * count - live))
+  elseif op ~= 'refund' and op ~= 'credit' then
     local allowed = live + cost <= count
     local retry = 0
     if not allowed then
@@ -144,12 +162,17 @@ end
 if op == 'peek' then
   return reply
 end
-for i = 1, #KEYS do
+for i = 1, N do
   local key, period = KEYS[i], tonumber(ARGV[3 * i + 2])
   if old[i] > 0 then
     redis.call('LTRIM', key, old[i], -1)
   end
-  if op == 'refund' then
+  if op == 'debit' then
+    if room[i] > 0 then
+      add(key, room[i])
+      expire(key, period)
+    end
+  elseif op == 'refund' or op == 'credit' then
     local len = redis.call('LLEN', key)
     if len > 0 then
       redis.call('RPOP', key, math.min(cost, len))
