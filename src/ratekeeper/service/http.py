@@ -43,7 +43,7 @@ from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import Pending
 from ..plan import Op, decide
-from . import dashboard
+from . import dashboard, quota_routes
 from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
 from .http_guard import BrowserRules, Head
@@ -98,6 +98,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/dashboard", "public"),
     Route("GET", "/dashboard/data", "client"),
     Route("POST", "/dashboard/modes", "admin"),
+    *(Route(*r) for r in quota_routes.routes()),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
@@ -273,7 +274,7 @@ class HttpApi:
                 result = engine.decide_now(op, spec, key, cost, stored)
                 if result is None:
                     later = True
-                    if soon:
+                    if soon and not spec.plan:
                         kind: Op = "hit" if op == "hit" else "peek"
                         pending = engine.limiter.decide_soon(kind, stored, spec.policy, cost)
                         if pending is not None:  # in the store's next batch
@@ -373,6 +374,11 @@ class HttpApi:
             if "lease" not in req:
                 raise BadRequest("lease", "lease is missing; expected the token from acquire")
             return 200, {"released": await self.engine.release(req["lease"])}, {}
+        if route.path.startswith(("/v1/status", quota_routes.ADMIN)):
+            fields = quota_routes.FIELDS.get(route.path[len(quota_routes.ADMIN) :])
+            given = None if fields is None else _object(await _body(scope, receive), fields)
+            status, body = await quota_routes.answer(self.engine, route.path, scope, given)
+            return status, body, {"cache-control": "no-store"}
         if route.path == "/v1/admin/reload":
             await _body(scope, receive)
             error = await self.reload()

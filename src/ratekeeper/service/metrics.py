@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..algorithms import Algorithm, Limit, Outcome
+from ..errors import ConfigError
 from ..metrics import core
 from ..metrics.prometheus import register
 from ..plan import Plan
@@ -163,6 +164,14 @@ class InstrumentedStore:
             raise
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's reset, credit or debit (``AsyncAdminStore``), by the store it wraps."""
+        administer = getattr(self.inner, "administer_async", None)
+        if administer is None:
+            raise ConfigError(f"store {self.inner!r} cannot reset or credit (no administer)")
+        found: tuple[tuple[Outcome, ...], tuple[Outcome, ...]] = await administer(plan)
+        return found
 
 
 class InstrumentedLocalStore(InstrumentedStore):
