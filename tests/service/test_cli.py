@@ -9,13 +9,18 @@ import sys
 import pytest
 
 from ratekeeper.service.cli import add_serve_command
+from ratekeeper.service.environment import serve_settings
 from tests.test_cli import ratekeeper
 
 
 def parse(*argv: str) -> argparse.Namespace:
+    """The arguments as ``serve`` runs with them: flags, then (an empty) environment."""
     parser = argparse.ArgumentParser(prog="ratekeeper")
     add_serve_command(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["serve", *argv])
+    args = parser.parse_args(["serve", *argv])
+    for name, setting in serve_settings(vars(args), {}).items():
+        setattr(args, name, setting.value)
+    return args
 
 
 def test_defaults_and_options() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from typing import Any
 
@@ -63,17 +64,17 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--host",
-        default="127.0.0.1",
+        default=None,
         help="address to listen on, HTTP and gRPC; 0.0.0.0 for every interface "
         "(default: 127.0.0.1)",
     )
     parser.add_argument(
-        "--port", type=_port, default=8080, help="HTTP port; 0 picks a free one (default: 8080)"
+        "--port", type=_port, default=None, help="HTTP port; 0 picks a free one (default: 8080)"
     )
     parser.add_argument(
         "--grpc-port",
         type=_port,
-        default=8081,
+        default=None,
         metavar="PORT",
         help="gRPC port for Envoy's rate-limit API; 0 picks a free one (default: 8081)",
     )
@@ -83,7 +84,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-threads",
         type=_threads,
-        default=0,
+        default=None,
         metavar="N",
         help="gRPC on the standard grpc.server with N handler threads (default: 0, grpc.aio "
         "on the event loop)",
@@ -91,7 +92,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--store-wait",
         type=_seconds,
-        default=5.0,
+        default=None,
         metavar="SECONDS",
         help="at startup, wait this long for the store to answer, then exit with status 2 "
         "(default: 5)",
@@ -105,7 +106,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--header-timeout",
         type=_timeout,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="close an HTTP connection that takes longer to send a request's headers (default: 10)",
     )
@@ -120,10 +121,38 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=_workers,
-        default=1,
+        default=None,
         metavar="N",
         help="worker processes sharing the ports; auto: one per core; more than one needs a "
         "shared store (Redis) (default: 1)",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=_level,
+        default=None,
+        metavar="LEVEL",
+        help="debug, info, warn, error (default: warn: problems only; info adds start, stop "
+        "and reloads)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="text: one line a record; json: one object a line (default: text)",
+    )
+    parser.add_argument(
+        "--statsd",
+        default=None,
+        metavar="HOST:PORT",
+        help="send envoyproxy/ratelimit's stats (ratelimit.service.rate_limit...) to this "
+        "statsd over UDP (default: none)",
+    )
+    parser.add_argument(
+        "--statsd-flush-interval",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between statsd flushes (default: 10)",
     )
     # set by the supervisor for its workers
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
@@ -134,12 +163,26 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Start the service with the parsed arguments."""
+    """Start the service with the parsed arguments, completed from the environment."""
     try:
         from .server import ServeOptions, serve
         from .supervisor import supervise
     except ImportError as exc:
         return missing_extra("serve", exc)
+    from . import environment, logs, statsd
+
+    try:
+        settings = environment.serve_settings(vars(args), os.environ)
+    except environment.EnvironmentProblem as exc:
+        print(f"ratekeeper serve: {exc}", file=sys.stderr)
+        return 2
+    for name, setting in settings.items():
+        setattr(args, name, setting.value)
+    worker = args.worker_index is not None
+    tag = f"worker {args.worker_index}" if worker else "supervisor" if args.workers > 1 else ""
+    logs.configure(args.log_level, args.log_format, tag)
+    if args.statsd and not worker and not args.port:  # the sink reads /metrics: pick it now
+        args.port = _free_port(args.host)
     options = ServeOptions(
         tuple(args.config),
         args.host,
@@ -155,9 +198,27 @@ def run_serve(args: argparse.Namespace) -> int:
         worker=args.worker_index,
         metrics_dir=args.metrics_dir,
     )
-    if args.workers > 1 and args.worker_index is None:
-        return supervise(options, args.workers)
-    return serve(options)
+    sink = None
+    if args.statsd and not worker:
+        local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        url = f"http://{'[' + local + ']' if ':' in local else local}:{args.port}/metrics"
+        sink = statsd.StatsdSink(url, args.statsd, args.statsd_flush_interval)
+        sink.start()
+    try:
+        if args.workers > 1 and not worker:
+            return supervise(options, args.workers)
+        return serve(options)
+    finally:
+        if sink is not None:
+            sink.stop()
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def missing_extra(command: str, exc: ImportError) -> int:
@@ -178,6 +239,16 @@ def _workers(text: str) -> int:
             f"workers {text!r} is invalid; expected a whole number >= 1 or auto"
         )
     return int(text)
+
+
+def _level(text: str) -> str:
+    from .environment import LOG_LEVELS
+
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"log level {text!r} is invalid; expected debug, info, warn, error or fatal"
+        )
+    return LOG_LEVELS[text.lower()]
 
 
 def _threads(text: str) -> int:

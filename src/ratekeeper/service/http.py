@@ -88,6 +88,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/admin/reload", "admin"),
     Route("POST", "/v1/admin/policies/{name}", "admin"),
     Route("GET", "/healthz", "public"),
+    Route("GET", "/healthcheck", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
     Route("GET", "/dashboard", "public"),
@@ -304,6 +305,8 @@ class HttpApi:
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
+        if route.path == "/healthcheck":  # envoyproxy/ratelimit's: the process serves
+            return 200, {"status": "ok"}, {}
         if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
