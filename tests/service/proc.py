@@ -27,7 +27,7 @@ def in_image(serve_args: list[str], env: dict[str, str], entrypoint: bool = True
     chrooted into its filesystem, as its user, with only its environment and ``env``. Paths
     below the image's root are given as the image sees them."""
     for value in [*serve_args, *env.values()]:
-        _readable(value)
+        readable(value)
     inside = [
         a.removeprefix(IMAGE_ROOT) if a.startswith(IMAGE_ROOT + "/") else a for a in serve_args
     ]
@@ -40,7 +40,7 @@ def in_image(serve_args: list[str], env: dict[str, str], entrypoint: bool = True
             *variables, *head, *inside]  # fmt: skip
 
 
-def _readable(path: str) -> None:
+def readable(path: str) -> None:
     """Let the image's user read ``path`` (pytest makes its directories 0700, for root)."""
     if not path.startswith(IMAGE_ROOT + "/") or not os.path.exists(path):
         return

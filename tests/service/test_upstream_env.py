@@ -23,7 +23,7 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 from envoy.service.ratelimit.v3 import rls_pb2_grpc as pb_grpc
 
 from tests.service.envoy_proxy import free_port
-from tests.service.proc import IMAGE, IMAGE_ROOT, ServiceProcess, in_image
+from tests.service.proc import IMAGE, IMAGE_ROOT, ServiceProcess, in_image, readable
 
 DOMAIN = """\
 domain: edge
@@ -78,7 +78,7 @@ def upstream_env(tmp_path: Path, redis_url: str, statsd_port: int) -> dict[str, 
     config = tmp_path / "runtime" / "ratelimit" / "config"
     config.mkdir(parents=True)
     (config / "edge.yaml").write_text(DOMAIN)
-    (tmp_path / "runtime").chmod(0o755)
+    readable(str(tmp_path / "runtime"))  # for the image's user, under scripts/test-image
     host_port = redis_url.removeprefix("redis://").split("/")[0]
     return {
         "REDIS_SOCKET_TYPE": "tcp",
@@ -120,7 +120,6 @@ def test_upstreams_environment_alone_serves_from_redis_with_statsd_and_json_logs
     tmp_path: Path, redis_url: str, statsd: socket.socket
 ) -> None:
     env = upstream_env(tmp_path, redis_url, statsd.getsockname()[1])
-    (tmp_path / "runtime").chmod(0o777)  # the image's user writes nothing, but reads it
     service = start(env)
     try:
         assert service.port == int(env["PORT"]) and service.grpc_port == int(env["GRPC_PORT"])

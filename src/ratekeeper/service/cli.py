@@ -7,6 +7,7 @@ says which extra to install when it is missing.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -204,13 +205,26 @@ def run_serve(args: argparse.Namespace) -> int:
         url = f"http://{'[' + local + ']' if ':' in local else local}:{args.port}/metrics"
         sink = statsd.StatsdSink(url, args.statsd, args.statsd_flush_interval)
         sink.start()
+    log = logging.getLogger("ratekeeper.service")
+    if not worker:
+        log.info(
+            "ratekeeper serve starting: HTTP %s:%s, gRPC %s, %d worker(s), config %s%s",
+            args.host, args.port, "off" if args.no_grpc else args.grpc_port, args.workers,
+            ", ".join(args.config) or "(built-in example)",
+            f", statsd {args.statsd}" if args.statsd else "",
+        )  # fmt: skip
+    code = 2
     try:
         if args.workers > 1 and not worker:
-            return supervise(options, args.workers)
-        return serve(options)
+            code = supervise(options, args.workers)
+        else:
+            code = serve(options)
+        return code
     finally:
         if sink is not None:
             sink.stop()
+        if not worker:
+            log.info("ratekeeper serve stopped (exit status %d)", code)
 
 
 def _free_port(host: str) -> int:

@@ -45,6 +45,7 @@ from . import dashboard
 from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
 from .http_hit import HttpHits
+from .metrics import OPENMETRICS_TEXT, wants_openmetrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -310,7 +311,11 @@ class HttpApi:
         if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if route.path == "/metrics":
+        if route.path == "/metrics":  # OpenMetrics when the scraper asks for it
+            accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+            if wants_openmetrics(accept.decode("latin-1")):
+                body = self.engine.metrics.exposition(openmetrics=True)
+                return 200, body, {"content-type": OPENMETRICS_TEXT}
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}

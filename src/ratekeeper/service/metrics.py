@@ -36,6 +36,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..algorithms import Algorithm, Limit, Outcome
@@ -70,11 +72,14 @@ class Metrics(core.Metrics):
         register(self, self.registry)
         self.envoy = EnvoyStats(self.registry, 0.8, 1000)
         self.rlqs = RlqsStats(self.registry)
+        for result in ("ok", "error"):  # at zero from the start: increase() sees the first one
+            self.reloads.labels(result)
 
-    def exposition(self) -> bytes:
-        """The text format Prometheus scrapes."""
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """The text format Prometheus scrapes, or OpenMetrics when asked (``openmetrics``)."""
+        render = openmetrics_latest if openmetrics else generate_latest
         if self.worker is None:
-            return generate_latest(self.registry)
+            return render(self.registry)
         texts = [self.publish()]
         if self.peers_dir is not None:
             for path in sorted(self.peers_dir.glob("*.prom")):
@@ -83,7 +88,7 @@ class Metrics(core.Metrics):
                         texts.append(path.read_text())
         merged = CollectorRegistry(auto_describe=False)
         merged.register(_Merged(texts))
-        return generate_latest(merged)
+        return render(merged)
 
     def publish(self) -> str:
         """This worker's series, labelled with it, also written to ``peers_dir``."""
@@ -98,6 +103,19 @@ class Metrics(core.Metrics):
                 partial.write_text(text)
                 os.replace(partial, path)
         return text
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TEXT = OPENMETRICS_CONTENT_TYPE
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True when an ``Accept`` header asks for OpenMetrics (Prometheus' scrapes do, first)."""
+    return any(
+        part.split(";")[0].strip().lower() == "application/openmetrics-text"
+        and "q=0" not in part.replace(" ", "").split(";")[1:]
+        for part in accept.split(",")
+    )
 
 
 class _Labelled:

@@ -246,7 +246,7 @@ class Service:
             _warn(new)
             self.metrics.reloads.labels("ok").inc()
             self.metrics.policies.set(len(new.policies))
-            log.warning("config reloaded from %s", ", ".join(new.files))
+            log.info("config reloaded from %s", ", ".join(new.files))
             return None
 
     async def check_store(self) -> str | None:
