@@ -31,6 +31,13 @@ environment variables:
   With neither token set, every route is open (for local use). A config's
   auth.token_env / auth.admin_token_env name other variables to read instead, and
   auth.token / auth.admin_token in the file take precedence over both.
+  RATEKEEPER_<FLAG>       every flag, e.g. RATEKEEPER_PORT, RATEKEEPER_LOG_LEVEL,
+                          RATEKEEPER_CONFIG (paths separated by ':'); RATEKEEPER_STORE: the
+                          store's URL
+  envoyproxy/ratelimit's  RUNTIME_ROOT, REDIS_URL, USE_STATSD, GRPC_PORT, ... read as
+                          upstream does, with upstream's defaults (docs/deploy.md)
+  A flag beats RATEKEEPER_..., which beats upstream's variable, which beats the default;
+  ratekeeper check-config prints the effective settings and their sources.
 
 exit status:
   0 when stopped (SIGINT, SIGTERM); 2 for an invalid config, a port in use, or a
