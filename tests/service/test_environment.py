@@ -56,6 +56,13 @@ def test_upstream_mode_takes_upstreams_defaults() -> None:
     assert got["statsd"] == "localhost:8125" and got["statsd_flush_interval"] == 10.0
 
 
+def test_a_statsd_flag_beats_upstreams_statsd_variables() -> None:
+    env = {"USE_STATSD": "true", "STATSD_HOST": "stats", "STATSD_PORT": "9125"}
+    assert values({}, env)["statsd"] == "stats:9125"
+    settings = serve_settings({"statsd": "127.0.0.1:8125"}, env)
+    assert (settings["statsd"].value, settings["statsd"].source) == ("127.0.0.1:8125", "--statsd")
+
+
 def test_the_runtime_directory_and_its_switches() -> None:
     env = {"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit",
            "RUNTIME_IGNOREDOTFILES": "true", "USE_STATSD": "false",

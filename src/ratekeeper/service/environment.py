@@ -200,7 +200,7 @@ def _upstream_serve(
             f"GRPC_HOST={grpc_host!r} differs from the HTTP address {out['host'].value!r} "
             f"({out['host'].source}); ratekeeper listens for both on one address"
         )
-    if "RATEKEEPER_STATSD" not in env:
+    if not given.get("statsd") and "RATEKEEPER_STATSD" not in env:
         try:
             use = _parse("bool", env.get("USE_STATSD", "true"))
             disabled = _parse("bool", env.get("DISABLE_STATS", "false"))
