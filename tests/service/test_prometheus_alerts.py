@@ -110,3 +110,22 @@ def test_metrics_in_openmetrics_when_asked(service: ServiceProcess) -> None:
     assert "# EOF" not in plain.text
     scraper = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
     assert httpx.get(url, headers={"accept": scraper}).text.endswith("# EOF\n")
+
+
+def test_every_configured_policy_starts_at_zero(service: ServiceProcess) -> None:
+    import httpx
+
+    text = httpx.get(f"{service.url}/metrics").text
+    for outcome in ("allowed", "rejected", "local_rejected", "shadow_rejected", "degraded"):
+        assert f'ratekeeper_decisions_total{{outcome="{outcome}",policy="api"}} 0.0' in text
+
+
+def test_zeroing_leaves_half_the_series_cap_to_traffic() -> None:
+    from ratekeeper.service.metrics import Metrics
+
+    metrics = Metrics()
+    cap = metrics.decisions.max_series
+    zeroed = metrics.zero(f"p{i}" for i in range(cap))
+    assert 0 < zeroed < cap and len(metrics.decisions.series) <= cap // 2
+    metrics.decision("fresh", "rejected")  # traffic still gets a series of its own
+    assert metrics.count_of("fresh", "rejected") == 1

@@ -31,7 +31,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..algorithms import Algorithm, Limit, Outcome
 from ..metrics import core
 from ..metrics.prometheus import register
+from ..metrics.vocabulary import OUTCOMES
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
@@ -74,6 +75,22 @@ class Metrics(core.Metrics):
         self.rlqs = RlqsStats(self.registry)
         for result in ("ok", "error"):  # at zero from the start: increase() sees the first one
             self.reloads.labels(result)
+
+    def zero(self, policies: Iterable[str]) -> int:
+        """Create ``decisions_total{policy, outcome}`` at zero for every outcome of these
+        policies (in order), so ``increase()`` and alerts see their first decision; stops
+        where half of the family's series cap would be used, leaving the rest to traffic.
+        Returns how many policies were zeroed."""
+        family = self.decisions
+        budget = family.max_series // 2
+        done = 0
+        for policy in policies:
+            if len(family.series) + len(OUTCOMES) > budget:
+                break
+            for outcome in OUTCOMES:
+                family.labels(policy, outcome)
+            done += 1
+        return done
 
     def exposition(self, openmetrics: bool = False) -> bytes:
         """The text format Prometheus scrapes, or OpenMetrics when asked (``openmetrics``)."""
