@@ -117,7 +117,14 @@ _SERVE: list[tuple[str, str, str, Any, Any, str]] = [
     ("config_dotfiles", "RATEKEEPER_CONFIG_DOTFILES", "", False, True, "bool"),
     ("store_wait", "RATEKEEPER_STORE_WAIT", "", 5.0, 5.0, "seconds"),
     ("start_degraded", "RATEKEEPER_START_DEGRADED", "", False, False, "bool"),
-    ("header_timeout", "RATEKEEPER_HEADER_TIMEOUT", "", 10.0, 10.0, "seconds"),
+    ("header_timeout", "RATEKEEPER_HEADER_TIMEOUT", "", 10.0, 10.0, "timeout"),
+    ("body_timeout", "RATEKEEPER_BODY_TIMEOUT", "", 10.0, 10.0, "timeout"),
+    ("idle_timeout", "RATEKEEPER_IDLE_TIMEOUT", "", 5.0, 5.0, "timeout"),
+    ("send_timeout", "RATEKEEPER_SEND_TIMEOUT", "", 10.0, 10.0, "timeout"),
+    ("allowed_host", "RATEKEEPER_ALLOWED_HOST", "", [], [], "list"),
+    ("allowed_origin", "RATEKEEPER_ALLOWED_ORIGIN", "", [], [], "list"),
+    ("no_auth_warning", "RATEKEEPER_NO_AUTH_WARNING", "", False, False, "bool"),
+    ("worker_timeout", "RATEKEEPER_WORKER_TIMEOUT", "", 10.0, 10.0, "timeout"),
     ("max_connections", "RATEKEEPER_MAX_CONNECTIONS", "", None, None, "count"),
     ("workers", "RATEKEEPER_WORKERS", "", 1, 1, "workers"),
     ("grpc_threads", "RATEKEEPER_GRPC_THREADS", "", 0, 0, "count0"),
@@ -436,6 +443,13 @@ def _parse(kind: str, text: str) -> Any:
         if not 0 <= seconds <= 3600:
             raise ValueError("expected 0 to 3600 seconds")
         return seconds
+    if kind == "timeout":
+        seconds = _duration(text)
+        if not 0 < seconds <= 3600:
+            raise ValueError("expected more than 0 and at most 3600 seconds")
+        return seconds
+    if kind == "list":
+        return [item.strip() for item in text.split(",") if item.strip()]
     if kind == "ratio":
         ratio = float(text)
         if not 0 <= ratio <= 1:
