@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ._version import __version__
 from .demo import add_demo_command
+from .healthcheck import add_healthcheck_command
 from .service.admin_cli import add_admin_command
 from .service.check_config import add_check_config_command
 from .service.cli import add_serve_command
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_command(subparsers)
     add_demo_command(subparsers)
     add_simulate_command(subparsers)
+    add_healthcheck_command(subparsers)
     return parser
 
 

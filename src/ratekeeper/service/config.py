@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import environment
 from .config_files import config_files
 from .config_settings import AuthSettings as AuthSettings
 from .config_settings import ShardSettings as ShardSettings
@@ -149,6 +150,15 @@ def _build(
         problems.at(index, path)
         with problems.guard():
             docs.append((index, path, _document(text)))
+    try:  # the environment's store/envoy/limits settings, over the settings file's
+        sections, _ = environment.config_overlay(env)
+    except environment.EnvironmentProblem as exc:
+        problems.add_text(-1, str(exc))
+    else:
+        created = environment.lay_over(docs, sections)
+        if created is not None:
+            texts.append(("<environment>", ""))
+            docs.append((len(texts) - 1, "<environment>", created))
     phases = (builder.read_settings, builder.read_quotas, builder.read_policies,
               builder.read_domains)  # fmt: skip
     for phase in phases:
@@ -156,8 +166,8 @@ def _build(
             problems.at(index, path)
             phase(path, doc)
     if not problems.count:
-        files = tuple(path for path, _ in texts)
-        problems.at(files.index(builder.settings_file) if builder.settings_file else 0,
+        files = tuple(path for path, _ in texts if path != "<environment>")
+        problems.at(files.index(builder.settings_file) if builder.settings_file in files else 0,
                     builder.settings_file or (files[0] if files else "<config>"))  # fmt: skip
         with problems.guard():
             return builder.build(files)

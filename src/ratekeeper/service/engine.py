@@ -210,6 +210,7 @@ class Engine:
         self.generation = 0
         """Changes whenever a policy may answer differently (reload, toggle): what callers
         derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
+        self._zero(config)
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
@@ -218,6 +219,14 @@ class Engine:
         self.generation += 1
         self.overrides.clear()
         self.cache.clear()
+        self._zero(config)
+
+    def _zero(self, config: ServiceConfig) -> None:
+        """Every configured policy's decision counters at zero (``Metrics.zero``)."""
+        zero = getattr(self.metrics, "zero", None)  # the service's Metrics
+        if zero is not None:
+            named = [spec.label or name for name, spec in config.policies.items()]
+            zero([*named, *config.concurrency])
 
     def spec(self, name: object) -> PolicySpec:
         """The named rate policy with runtime toggles applied, or ``BadRequest`` (404)."""

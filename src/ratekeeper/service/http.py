@@ -48,6 +48,7 @@ from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
 from .http_guard import BrowserRules, Head
 from .http_hit import HttpHits
+from .metrics import OPENMETRICS_TEXT, wants_openmetrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,6 +94,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/admin/reload", "admin"),
     Route("POST", "/v1/admin/policies/{name}", "admin"),
     Route("GET", "/healthz", "public"),
+    Route("GET", "/healthcheck", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
     Route("GET", "/dashboard", "public"),
@@ -342,10 +344,16 @@ class HttpApi:
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
+        if route.path == "/healthcheck":  # envoyproxy/ratelimit's: the process serves
+            return 200, {"status": "ok"}, {}
         if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if route.path == "/metrics":
+        if route.path == "/metrics":  # OpenMetrics when the scraper asks for it
+            accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+            if wants_openmetrics(accept.decode("latin-1")):
+                body = self.engine.metrics.exposition(openmetrics=True)
+                return 200, body, {"content-type": OPENMETRICS_TEXT}
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
