@@ -100,6 +100,12 @@ class NestedAPI:
                 raise BadRequest(f"{field}.{unknown[0]}", f"{field}: unknown field "
                                  f"{unknown[0]!r}; expected policy, key, cost")  # fmt: skip
             spec = engine.spec(item.get("policy"))
+            if spec.plan:  # its rates are the default plan's, for descriptions only
+                raise BadRequest(
+                    f"{field}.policy",
+                    f"{field}: policy {spec.name!r} counts a plan's limit; a level needs a "
+                    "policy of its own rates",
+                )
             if "key" not in item:
                 raise BadRequest(f"{field}.key", f"{field}.key is missing")
             key = engine.check_key(item["key"], f"{field}.key")
