@@ -333,3 +333,56 @@ def test_real_uvicorn_server_on_redis_admits_exactly_the_limit(redis_url: str) -
         rejected = http.get("/items")
         assert rejected.status_code == 429 and rejected.headers["Retry-After"]
     assert limits.stats()["in_flight"] == 0
+
+
+def test_a_user_set_by_authentication_added_before_init_app_keys_route_limits() -> None:
+    from starlette.authentication import (
+        AuthCredentials,
+        AuthenticationBackend,
+        SimpleUser,
+    )
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.requests import HTTPConnection
+
+    class HeaderAuth(AuthenticationBackend):
+        async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser]:
+            return AuthCredentials(["authenticated"]), SimpleUser(conn.headers.get("x-user", "?"))
+
+    limits = RouteLimits(clock=ManualClock())
+    app = FastAPI()
+    app.add_middleware(AuthenticationMiddleware, backend=HeaderAuth())
+    limits.init_app(app)  # added after: ours is outside, the user arrives after routing
+
+    @app.get("/me")
+    @limits.limit("2/minute", key=keys.user())
+    async def me() -> dict[str, bool]:
+        return {"ok": True}
+
+    client = TestClient(app)
+    ann = [client.get("/me", headers={"x-user": "ann"}).status_code for _ in range(3)]
+    assert ann == [200, 200, 429]  # counted per user: the key was never None
+    assert client.get("/me", headers={"x-user": "bob"}).status_code == 200
+
+
+def test_a_guarded_endpoint_taking_the_request_enforces_without_init_app() -> None:
+    limits = RouteLimits(clock=ManualClock())
+    app = FastAPI()
+
+    @app.get("/x")
+    @limits.limit("2/minute")
+    async def x(request: Request) -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/y")
+    @limits.limit("1/minute")
+    def y(request: Request, response: Response) -> dict[str, bool]:
+        return {"ok": True}
+
+    client = TestClient(app)
+    got = [client.get("/x") for _ in range(3)]
+    assert [r.status_code for r in got] == [200, 200, 429]
+    assert got[2].headers["Retry-After"] == "60"  # Starlette's own handler keeps the headers
+    first = client.get("/y")
+    assert first.headers["X-RateLimit-Remaining"] == "0"  # on the response parameter
+    assert client.get("/y").status_code == 429
+    assert limits.stats()["checks"]["GET /x"]["rejected"] == 1

@@ -204,6 +204,7 @@ class Metrics:
         self.refused = f[v.REFUSED.name]
         self.reloads = f[v.RELOADS.name]
         self.policies = f[v.POLICIES.name]
+        self.user_errors = f[v.USER_ERRORS.name]
         self.top = SpaceSaving(top_keys) if top_keys else None
         self._cells: dict[tuple[str, str], _Cell] = {}
 

@@ -83,7 +83,8 @@ class RateCheck:
 
     ``rate`` may be a function of the request returning the rate, or None for no limit (it is
     then parsed per request; a bad one fails open and is logged). ``charge_when`` (default: the
-    middleware's) is asked with the response's status; False refunds the charge.
+    middleware's) is asked with the response's status; False refunds the charge. ``message``
+    replaces the 429 body's message (default: the check, its rate and when to retry).
     """
 
     name: str
@@ -96,10 +97,13 @@ class RateCheck:
     methods: tuple[str, ...] = ()
     cost: int | CostFunc = 1
     charge_when: ChargeWhen | None = None
+    message: str | None = None
     where: _Scope = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        if self.message is not None and not isinstance(self.message, str):
+            raise ConfigError(f"message={self.message!r} is invalid; expected a string")
         if callable(self.rate):
             make_policy("1/1ms", self.algorithm, self.burst, self.buckets)  # the options
         else:

@@ -96,6 +96,11 @@ def from_environ(environ: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo
     )
 
 
+def user_of(scope: Any) -> str | None:
+    """The authenticated user's name in an ASGI scope (``scope["user"]``), if any."""
+    return _user_name(scope.get("user"))
+
+
 def _user_name(user: Any) -> str | None:
     if user is None or not getattr(user, "is_authenticated", True):
         return None

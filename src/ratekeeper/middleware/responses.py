@@ -35,13 +35,17 @@ Headers = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A response to send instead of calling the app."""
+    """A response to send instead of calling the app; a rate rejection keeps its ``decision``
+    (the refusing rate, ``retry_after``, ...) for whoever shapes the answer."""
 
     check: str
     error: str
     status: int
     headers: Headers
     body: bytes
+    decision: Decision | None = None
+    message: str | None = None
+    """The check's own message (``RateCheck(message=...)``), when it has one."""
 
     @property
     def status_line(self) -> str:
@@ -59,7 +63,13 @@ def _seconds(value: float) -> int | None:
 
 
 def _build(
-    check: str, error: str, status: int, headers: Headers, body: Mapping[str, object]
+    check: str,
+    error: str,
+    status: int,
+    headers: Headers,
+    body: Mapping[str, object],
+    decision: Decision | None = None,
+    message: str | None = None,
 ) -> Rejection:
     data = json.dumps(body, separators=(",", ":")).encode()
     return Rejection(
@@ -72,11 +82,13 @@ def _build(
             ("Content-Length", str(len(data))),
         ),
         data,
+        decision,
+        message,
     )
 
 
-def rate_rejection(check: str, decision: Decision) -> Rejection:
-    """429 for a request rate over ``decision.rate``."""
+def rate_rejection(check: str, decision: Decision, own: str | None = None) -> Rejection:
+    """429 for a request rate over ``decision.rate``; ``own`` replaces the body's message."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -88,7 +100,7 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
             f"You have exceeded a secondary rate limit: this request needs more than the "
             f"{decision.remaining} left. {advice}"
         )
-    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
+    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}" if own is None else own
     body = {
         "error": "rate_limited",
         "limit": decision.limit,
@@ -96,7 +108,8 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
         "policy": check,
         "message": message,
     }
-    return _build(check, "rate_limited", 429, decision_headers(check, decision), body)
+    headers = decision_headers(check, decision)
+    return _build(check, "rate_limited", 429, headers, body, decision, own)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:
