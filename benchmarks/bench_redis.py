@@ -178,11 +178,12 @@ def limits_peer(
 ) -> Callable[[int], Any] | None:
     from limits import parse, storage, strategies
 
-    cls = {
+    classes: dict[str, type[strategies.RateLimiter]] = {
         "fixed_window": strategies.FixedWindowRateLimiter,
         "sliding_window": strategies.SlidingWindowCounterRateLimiter,
         "sliding_log": strategies.MovingWindowRateLimiter,
-    }.get(algorithm)
+    }
+    cls = classes.get(algorithm)
     if cls is None:
         return None
     limiter = cls(storage.RedisStorage(url(client)))

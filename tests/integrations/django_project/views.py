@@ -13,6 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratekeeper.compat import django_ratelimit as compat_ratelimit
+from ratekeeper.compat import drf as compat_drf
 from ratekeeper.integrations.django import UNSAFE, exempt, ratelimit
 from ratekeeper.integrations.drf import AnonRateThrottle, ScopedRateThrottle, UserRateThrottle
 from ratekeeper.middleware import RequestInfo
@@ -170,3 +172,18 @@ def watched(request: HttpRequest) -> HttpResponse:
 @ratelimit("2/minute")
 def stacked(request: HttpRequest) -> HttpResponse:
     return HttpResponse("stacked")
+
+
+@exempt
+@compat_ratelimit.ratelimit(key="ip", rate="10/m")
+def compat_limited(request: HttpRequest) -> HttpResponse:
+    """django-ratelimit's decorator through ratekeeper.compat (exempt from the defaults)."""
+    return HttpResponse("ok")
+
+
+@exempt
+class CompatUserView(APIView):
+    throttle_classes: ClassVar[list[Any]] = [compat_drf.UserRateThrottle]
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
