@@ -102,3 +102,24 @@ def test_num_proxies_is_refused_naming_ours() -> None:
         finally:
             pass
     api_settings.reload()
+
+
+def test_a_scope_served_at_two_rates_gets_two_checks() -> None:
+    from ratekeeper.integrations import drf as native
+
+    class Ours(native.RateThrottle):
+        scope = "shared-scope"
+        rate = "2/minute"
+
+        def get_cache_key(self, request: Any, view: Any) -> str | None:
+            return "same"
+
+    class Theirs(Burst):
+        scope = "shared-scope"
+        rate = "3/minute"  # another rate under the same scope: no clash, counted apart
+
+    with override_settings(RATEKEEPER={"CLOCK": ManualClock(1_000.0)}):
+        assert [Ours().allow_request(drf_request(), None) for _ in range(3)] == [True, True, False]
+        assert [Theirs().allow_request(drf_request(), None) for _ in range(4)] == [True] * 3 + [
+            False
+        ]

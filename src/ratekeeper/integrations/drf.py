@@ -16,7 +16,8 @@ comes from ``RATEKEEPER["TRUSTED_PROXIES"]``, not DRF's ``NUM_PROXIES``.
 
 With ``ratekeeper``'s Django middleware installed, a throttle joins the request's admission:
 its decision adds the rate-limit headers to the response, and a request refused by any check
-charges none. The check of a throttle is named ``throttle:<scope>``.
+charges none. The check of a throttle is named ``throttle:<scope>`` (``throttle:<scope>@<rate>``
+for a second rate under one scope: a class that reads the rate otherwise).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 
 from ..decision import Decision
+from ..errors import ConfigError
 from ..middleware.checks import RateCheck
 from ..middleware.gate import SCOPE_KEY, Admission
 from ..middleware.request import RequestInfo
@@ -112,7 +114,12 @@ class RateThrottle:
         position = limits.throttles.get(found)
         if position is None:
             check = RateCheck(name, rate, key=_ident, algorithm=self.algorithm)
-            position = limits.throttles[found] = limits.gate.add(check)
+            try:
+                position = limits.gate.add(check)
+            except ConfigError:  # the scope's name serves another rate: this one gets its own
+                check = dataclasses.replace(check, name=f"{name}@{rate}")
+                position = limits.gate.add(check)
+            limits.throttles[found] = position
         base = limits.info(django_request)
         info = dataclasses.replace(base, raw=_Call(request, view, ident))
         adm = started or Admission(info)
