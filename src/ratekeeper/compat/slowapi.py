@@ -310,7 +310,13 @@ def _scoped(
 
     if not (per_method or per_path or exempt_when is not None):
         return base
+    if per_path and not per_method and exempt_when is None and base is RequestInfo.client:
+        return _client_per_path  # the usual one, in one call
     return key
+
+
+def _client_per_path(info: RequestInfo) -> str:
+    return f"{info.client()}\x00{info.path}"
 
 
 def _dynamic(provider: Callable[..., str], key: KeyFunc) -> Callable[[RequestInfo], str]:

@@ -37,17 +37,17 @@ from contextvars import ContextVar
 from typing import Any
 
 from fastapi import Depends, FastAPI
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
+from starlette.routing import Match, Route, WebSocketRoute
 
 from ..errors import ConfigError
 from ..middleware.asgi import ASGIApp, RateLimitMiddleware, Receive, Scope, Send
 from ..middleware.checks import RateFunc, RateSpec
-from ..middleware.gate import SCOPE_KEY, Admission, added_headers
+from ..middleware.gate import SCOPE_KEY, Admission, added_header_lines, added_headers
 from ..middleware.request import from_scope
 from ..middleware.responses import Rejection
 from .routes import Limit, Routes
@@ -136,9 +136,9 @@ class RouteLimits(Shell):
         await self.walk(request.scope)
 
     async def _walk_current(self) -> None:
-        """The dependency ``init_app`` gives every route: no parameters (see the module
-        docstring); the scope comes from the middleware."""
-        await self.walk(_current())
+        """The dependency ``init_app`` gives the routes of included routers: no parameters
+        (see the module docstring); the scope comes from the middleware."""
+        await self.walk_rest(_current())
 
     async def walk(self, scope: Scope) -> None:
         """Walk the route's limits (its own, else the defaults, and the application limits)
@@ -151,26 +151,37 @@ class RouteLimits(Shell):
         if positions and await middleware.admit_route(adm, positions) is not None:
             raise self.exception(adm.rejection)  # type: ignore[arg-type, unused-ignore]  # just checked
 
+    async def walk_rest(self, scope: Scope) -> None:
+        """Walk the route's default and application limits (its own are its guard's)."""
+        adm = scope.get(SCOPE_KEY)
+        middleware = self._middleware
+        if adm is None or middleware is None:
+            raise RuntimeError(_NO_INIT)
+        positions = middleware.rest_of(scope.get("route"), scope.get("endpoint"))
+        if positions and await middleware.admit_route(adm, positions) is not None:
+            raise self.exception(adm.rejection)  # type: ignore[arg-type, unused-ignore]  # just checked
+
     def init_app(self, app: FastAPI) -> None:
-        """Install the middleware, the route dependency (when there are default or application
-        limits) and the 429 exception handler."""
+        """Install the middleware, the walk of default and application limits (when there are
+        any) and the 429 exception handler."""
         if not isinstance(app, FastAPI):
             raise ConfigError(
                 f"init_app({app!r}): expected a FastAPI app; for plain Starlette use "
                 "ratekeeper.middleware.RateLimitMiddleware with routes="
             )
         options = self.resolve(Settings())
-        dependencies = app.router.dependencies
-        walks = (self, self._walk_current)
+        router = app.router
+        given = (self, self._walk_current)
         walks_all = options.default or options.application
-        if walks_all and not any(d.dependency in walks for d in dependencies):
-            if any(not isinstance(r, Route) or isinstance(r, APIRoute) for r in app.router.routes):
+        if walks_all and not any(d.dependency in given for d in router.dependencies):
+            if any(not isinstance(r, Route) or isinstance(r, APIRoute) for r in router.routes):
                 raise ConfigError(
                     "init_app() was called after routes were declared, so they would have no "
                     "default limits; call it right after FastAPI(), or pass "
                     "dependencies=[Depends(limits)] to FastAPI()"
                 )
-            dependencies.append(Depends(self._walk_current))
+            router.add_api_route = _adding(self, router)  # type: ignore[method-assign]  # the router's own, with a walking route class
+            router.include_router = _including(self, router.include_router)  # type: ignore[method-assign]  # the router's own, with our dependency first
         app.add_middleware(_Middleware, limits=self, options=options)
         if RateLimited not in app.exception_handlers:
             app.add_exception_handler(RateLimited, self._handle)  # type: ignore[arg-type]  # narrower exception type
@@ -236,6 +247,7 @@ class _Middleware(RateLimitMiddleware):
         )  # fmt: skip
         self._names: dict[int, str] = {}
         self._positions: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._rest: dict[tuple[int, int], tuple[int, ...]] = {}
         if bind:
             limits._middleware = self
 
@@ -256,6 +268,15 @@ class _Middleware(RateLimitMiddleware):
             name = self._names[id(route)] = f"{','.join(methods)} {path}" if methods else path
         return name
 
+    def rest_of(self, route: Any, endpoint: Any) -> tuple[int, ...]:
+        """The default and application positions a request to ``route`` walks (cached)."""
+        key = (id(route), id(endpoint))
+        found = self._rest.get(key)
+        if found is None:
+            name = self.route_name(route)
+            found = self._rest[key] = self.routes.parts(name, (endpoint,))[1]
+        return found
+
     def positions_of(self, route: Any, endpoint: Any) -> tuple[int, ...]:
         """Every position a request to ``route`` walks (cached per route and endpoint, which
         live as long as the app)."""
@@ -274,12 +295,15 @@ class _Matching:
     def __init__(self, middleware: _Middleware, app: ASGIApp) -> None:
         self.middleware = middleware
         self.app = app
+        self._routes: tuple[int, int] | None = None
+        self._plain = False
+        self._found: dict[tuple[Any, Any, Any], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         adm = scope.get(SCOPE_KEY)
-        app = scope.get("app")
-        if adm is not None and app is not None:
-            route, endpoint = _match(app, scope)
+        app = scope.get("app") or self.app  # wrapped around the app: not set yet, the app is ours
+        if adm is not None:
+            route, endpoint = self._match(app, scope)
             middleware = self.middleware
             if route is not None:
                 name = middleware.route_name(route) if endpoint is not None else _INCLUDED
@@ -290,7 +314,30 @@ class _Matching:
                     return
         await self.app(scope, receive, send)
 
+    def _match(self, app: Any, scope: Scope) -> tuple[Any, Any]:
+        """``_match``, remembered by method and path while the app's routes all match by
+        nothing else (plain routes: no hosts, mounts or included routers) and do not change;
+        at most ``_MATCHES`` paths (paths with parameters are many)."""
+        routes = getattr(app, "routes", ())
+        marker = (id(routes), len(routes))
+        if marker != self._routes:
+            self._routes = marker
+            self._found.clear()
+            self._plain = all(type(route).matches in _PLAIN for route in routes)
+        if not self._plain:
+            return _match(app, scope)
+        key = (scope.get("method"), scope.get("root_path"), scope.get("path"))
+        found = self._found.get(key)
+        if found is None:
+            found = _match(app, scope)
+            if len(self._found) < _MATCHES:
+                self._found[key] = found
+        return found
 
+
+_PLAIN = (Route.matches, APIRoute.matches, WebSocketRoute.matches, APIWebSocketRoute.matches)
+"""The ``matches`` of routes that match by the scope's type, method and path alone."""
+_MATCHES = 4096
 _INCLUDED = "(included routes)"
 
 
@@ -317,6 +364,60 @@ async def _answer(app: Any, scope: Scope, receive: Receive, send: Send, exc: Rat
     await response(scope, receive, send)
 
 
+def _adding(limits: RouteLimits, router: Any) -> Callable[..., Any]:
+    """``APIRouter.add_api_route`` (what ``app.get`` and the like call) building each route
+    with a walking subclass of the route class it would use: the router's ``route_class`` as
+    it is when the route is added (so one set after ``init_app`` keeps the limits), or the
+    route's ``route_class_override``."""
+    add = router.add_api_route
+    made: dict[type[APIRoute], type[APIRoute]] = {}
+
+    @functools.wraps(add)
+    def add_api_route(*args: Any, route_class_override: Any = None, **options: Any) -> Any:
+        base = route_class_override or router.route_class
+        walking = made.get(base)
+        if walking is None:
+            walking = made[base] = _walking_routes(limits, base)
+        return add(*args, route_class_override=walking, **options)
+
+    return add_api_route
+
+
+def _walking_routes(limits: RouteLimits, base: type[APIRoute]) -> type[APIRoute]:
+    """A subclass of ``base`` (FastAPI's customization point for routes) whose handler walks
+    the route's default and application limits first: what a route dependency does, without
+    FastAPI solving a dependency for it on every request."""
+    if getattr(base, "__ratekeeper_limits__", None) is limits:
+        return base
+
+    class RatekeeperRoute(base):  # type: ignore[valid-type, misc]  # a class given at run time
+        __ratekeeper_limits__ = limits
+
+        def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+            handler = super().get_route_handler()
+
+            async def walking(request: Request) -> Response:
+                await limits.walk_rest(request.scope)
+                response: Response = await handler(request)
+                return response
+
+            return walking
+
+    return RatekeeperRoute
+
+
+def _including(limits: RouteLimits, include: Callable[..., Any]) -> Callable[..., Any]:
+    """``APIRouter.include_router`` giving the included routes (which keep their own route
+    class) a dependency that walks their default and application limits."""
+
+    @functools.wraps(include)
+    def include_router(router: Any, *args: Any, dependencies: Any = None, **options: Any) -> Any:
+        walking = [Depends(limits._walk_current), *(dependencies or ())]
+        return include(router, *args, dependencies=walking, **options)
+
+    return include_router
+
+
 _SCOPE: ContextVar[Scope | None] = ContextVar("ratekeeper_scope", default=None)
 """The scope of the request in progress, set by the middleware for the guards and the route
 dependency."""
@@ -340,17 +441,18 @@ def _guard(limits: RouteLimits, endpoint: Any) -> Any:
             f"@limit on {endpoint.__qualname__}: a sync generator endpoint cannot be guarded; "
             "make it async, or use dependencies=[Depends(limits.dependency(...))]"
         )
+    names = _typed_parameters(endpoint)
     if inspect.isasyncgenfunction(endpoint):
 
         @functools.wraps(endpoint)
         async def stream(*args: Any, **kwargs: Any) -> Any:
-            own = await _enter(limits, kwargs)
+            own = await _enter(limits, kwargs, names)
             try:
                 async for item in endpoint(*args, **kwargs):
                     yield item
             finally:
                 if own is not None:
-                    await _leave(limits, own, None, kwargs)
+                    await _leave(limits, own, None, kwargs, names)
 
         guarded: Any = stream
     else:
@@ -358,7 +460,7 @@ def _guard(limits: RouteLimits, endpoint: Any) -> Any:
 
         @functools.wraps(endpoint)
         async def guarded(*args: Any, **kwargs: Any) -> Any:
-            own = await _enter(limits, kwargs)
+            own = await _enter(limits, kwargs, names)
             if own is None:  # the middleware finishes the request
                 if call_sync:
                     return await run_in_threadpool(endpoint, *args, **kwargs)
@@ -371,54 +473,84 @@ def _guard(limits: RouteLimits, endpoint: Any) -> Any:
                     result = await endpoint(*args, **kwargs)
                 return result
             finally:
-                await _leave(limits, own, result, kwargs)
+                await _leave(limits, own, result, kwargs, names)
 
     guarded.__ratekeeper_guard__ = True
     return guarded
 
 
-async def _enter(limits: RouteLimits, kwargs: dict[str, Any]) -> tuple[Admission, Request] | None:
+def _typed_parameters(endpoint: Any) -> tuple[str | None, str | None]:
+    """The names of ``endpoint``'s parameters of type ``Request`` and ``Response`` (what
+    FastAPI passes the request and the response to merge as), if it has them."""
+    try:
+        params = inspect.signature(endpoint, eval_str=True).parameters.values()
+    except Exception:  # annotations that do not evaluate here: look at the values instead
+        return None, None
+    request = next((p.name for p in params if _is(p.annotation, Request)), None)
+    response = next((p.name for p in params if _is(p.annotation, Response)), None)
+    return request, response
+
+
+def _is(annotation: Any, kind: type) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, kind)
+
+
+def _find(kwargs: dict[str, Any], name: str | None, kind: type) -> Any:
+    found = kwargs.get(name) if name is not None else None
+    if found is None:
+        found = next((v for v in kwargs.values() if isinstance(v, kind)), None)
+    return found
+
+
+async def _enter(
+    limits: RouteLimits, kwargs: dict[str, Any], names: tuple[str | None, str | None]
+) -> tuple[Admission, Request] | None:
     """Walk the route's limits into the middleware's admission (None: the middleware finishes
     the request); without a middleware, into an admission of the guard's own, over the
     endpoint's ``Request`` parameter (returned: the guard finishes it)."""
     scope = _SCOPE.get()
     middleware = limits._middleware
-    if scope is not None and middleware is not None and SCOPE_KEY in scope:
-        adm = scope[SCOPE_KEY]
-        positions = middleware.positions_of(scope.get("route"), scope.get("endpoint"))
-        if positions and await middleware.admit_route(adm, positions) is not None:
-            raise limits.exception(adm.rejection)
-        return None
-    request = next((v for v in kwargs.values() if isinstance(v, Request)), None)
+    if scope is not None and middleware is not None:
+        adm = scope.get(SCOPE_KEY)
+        if adm is not None:
+            positions = middleware.positions_of(scope.get("route"), scope.get("endpoint"))
+            if positions and await middleware.admit_route(adm, positions) is not None:
+                raise limits.exception(adm.rejection)
+            return None
+    request = _find(kwargs, names[0], Request)
     if request is None:
         raise RuntimeError(_NO_INIT)
     scope = request.scope
-    gate = limits.standalone()
+    gate = limits._standalone or limits.standalone()
     info = from_scope(scope, gate.trusted_proxies)
     own = scope[SCOPE_KEY] = Admission(info)
     positions = gate.positions_of(scope.get("route"), scope.get("endpoint"))
     rejection = await gate.runner.admit(info, own, positions)
     if rejection is not None:
+        own.request = None  # see _leave
         await gate.runner.finish(own, rejection.status)
         raise limits.exception(rejection)
     return own, request
 
 
 async def _leave(
-    limits: RouteLimits, own: tuple[Admission, Request], result: Any, kwargs: dict[str, Any]
+    limits: RouteLimits,
+    own: tuple[Admission, Request],
+    result: Any,
+    kwargs: dict[str, Any],
+    names: tuple[str | None, str | None],
 ) -> None:
     """Without a middleware: the rate-limit headers on the endpoint's response (or on its
     ``Response`` parameter, which FastAPI merges into its answer), then finish."""
     adm, request = own
-    target = result if isinstance(result, Response) else None
-    if target is None:
-        target = next((v for v in kwargs.values() if isinstance(v, Response)), None)
+    adm.request = None  # a cycle through the scope otherwise (see RateLimitMiddleware)
+    target = result if isinstance(result, Response) else _find(kwargs, names[1], Response)
     status = None
     if target is not None:
-        for name, value in added_headers(adm):
-            if name not in target.headers:
-                target.headers[name] = value
+        raw = target.raw_headers  # the headers as sent: bytes, lower-case names
+        sent = {name for name, _ in raw}
+        raw.extend(line for line in added_header_lines(adm) if line[0] not in sent)
         status = target.status_code
     if status is None:
         status = getattr(request.scope.get("route"), "status_code", None) or 200
-    await limits.standalone().runner.finish(adm, status)
+    await (limits._standalone or limits.standalone()).runner.finish(adm, status)

@@ -340,11 +340,15 @@ class Controls:
 
     def count(self, check: str, what: str) -> None:
         """Add one to a counter of ``check`` (see ``COUNTERS``)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: cheaper, and every decision counts one
+        try:
             counts = self._counts.get(check)
             if counts is None:
                 counts = self._counts[check] = dict.fromkeys(COUNTERS, 0)
             counts[what] += 1
+        finally:
+            lock.release()
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters per check: allowed, rejected, shadow_rejected, failed_open, skipped."""

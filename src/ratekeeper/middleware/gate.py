@@ -367,8 +367,10 @@ class Gate:
             return False
         if not adm.entered:
             adm.entered = True
-            with self._lock:
-                self.in_flight += 1
+            lock = self._lock
+            lock.acquire()  # not ``with``: cheaper, and every request starts here
+            self.in_flight += 1
+            lock.release()
         return True
 
     def admit(
@@ -397,7 +399,13 @@ class Gate:
                 continue
             adm.key = None
             try:
-                verdict = yield from self._check(index, check, request, adm, mode)
+                if type(check) is RateCheck:  # the usual check, without a generator of its own
+                    op = self.rate_op(index, check, request, adm)
+                    if op is None:
+                        continue
+                    verdict = self._rated(check, adm, op, _unwrap((yield op)), mode)
+                else:
+                    verdict = yield from self._check(index, check, request, adm, mode)
             except UserFunctionError as err:
                 self.user_failed(name, err)
                 continue
@@ -434,17 +442,7 @@ class Gate:
             op = self.rate_op(index, check, request, adm)
             if op is None:
                 return False
-            decision: Decision = _unwrap((yield op))
-            if decision.degraded:
-                raise _Degraded
-            if not decision.allowed:
-                return rate_rejection(check.name, decision, check.message)
-            adm.charged.append(op)
-            if mode == "enforce" and (
-                adm.best is None or decision.remaining < adm.best[1].remaining
-            ):
-                adm.best = (check.name, decision)
-            return True
+            return self._rated(check, adm, op, _unwrap((yield op)), mode)
         if adm.tier is None:
             adm.tier = call(self.priority, request, "priority")
         if isinstance(check, FleetCheck):
@@ -461,6 +459,22 @@ class Gate:
             return True
         return self._worker(index, check, request, adm.tier)
 
+    @staticmethod
+    def _rated(
+        check: RateCheck, adm: Admission, op: Op, decision: Decision, mode: str
+    ) -> Rejection | bool:
+        """A rate check's verdict on its decision: True (charged), or the rejection."""
+        if decision.degraded:
+            raise _Degraded
+        if not decision.allowed:
+            return rate_rejection(check.name, decision, check.message)
+        adm.charged.append(op)
+        if mode == "enforce":
+            best = adm.best
+            if best is None or decision.remaining < best[1].remaining:
+                adm.best = (check.name, decision)
+        return True
+
     def rate_op(
         self, index: int, check: RateCheck, request: RequestInfo, adm: Admission | None = None
     ) -> Op | None:
@@ -468,9 +482,12 @@ class Gate:
         not apply (a route or method it does not cover, a key or rate of None). The caller's
         key is left in ``adm.key``. The check's functions are called here: one that raises, or
         returns what is no rate or cost, raises ``UserFunctionError``."""
-        if not check.where.applies(request):
+        if not check.where.everywhere and not check.where.applies(request):
             return None
-        key = call(check.key, request, "key")
+        try:
+            key = check.key(request)
+        except Exception as exc:
+            raise UserFunctionError(check.key, "key", exc) from exc
         if key is None:
             return None
         if adm is not None:
@@ -527,16 +544,21 @@ class Gate:
             return []
         adm.done = True
         if adm.entered:
-            with self._lock:
-                self.in_flight -= 1
-        ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
+            lock = self._lock
+            lock.acquire()  # not ``with``: cheaper, and every request ends here
+            self.in_flight -= 1
+            lock.release()
+        ops: list[Op] = []
+        for index, ticket in adm.tickets:
+            ops.append(Op("leave", index, ticket=ticket))
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
-                ops += [op._replace(kind="refund") for op in adm.charged]
+                for op in adm.charged:
+                    ops.append(op._replace(kind="refund"))
             elif status is not None:
-                ops += [
-                    op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
-                ]
+                for op in adm.charged:
+                    if not self._keeps(op, status):
+                        ops.append(op._replace(kind="refund"))
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
