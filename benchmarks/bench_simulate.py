@@ -14,9 +14,17 @@ three heavy hitters) is replayed in one process, in one run:
 - ``simulate --checks``: the same limit as a middleware ``RateCheck`` through the WSGI
   middleware's gate (key function, modes, headers, refunds).
 
+With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), the
+whole-replay rows and the hostile-input rows run again as child processes, alternately from
+this checkout and from ``DIR`` (its ``src`` first on ``PYTHONPATH``), in the same run: the
+before/after of a change, side by side. The hostile rows read one 50 MB line (``--huge``
+MB, between two ordinary lines) and the same size of ordinary lines: reading must stay
+linear.
+
 Run::
 
-    .venv/bin/python -m benchmarks.bench_simulate [--lines 500000] [--rounds 3]
+    .venv/bin/python -m benchmarks.bench_simulate [--lines 500000] [--rounds 3] \
+        [--baseline DIR] [--huge 50]
 
 Rows run in interleaved rounds (the order rotates every round, so drift in the machine's
 load hits them alike). Each row prints its median round's lines per second by process CPU
@@ -32,6 +40,7 @@ import gc
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +50,8 @@ from datetime import UTC, datetime
 from ratekeeper import Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.plan import make_policy
-from ratekeeper.simulate.logs import LogReader, open_log
+from ratekeeper.simulate.lines import open_log
+from ratekeeper.simulate.logs import LogReader
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 
@@ -122,10 +132,102 @@ def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
     ]
 
 
+CHILD = """
+import sys, time
+from ratekeeper import ManualClock
+from ratekeeper.simulate.replay import Options, replay
+from ratekeeper.simulate.targets import CandidatesTarget
+try:
+    from ratekeeper.simulate.lines import open_log
+except ImportError:  # before lines.py
+    from ratekeeper.simulate.logs import open_log
+from ratekeeper.simulate.logs import LogReader
+row, path = sys.argv[1], sys.argv[2]
+started = time.process_time()
+if row == "read":
+    with open_log(path) as stream:
+        for _ in LogReader("combined").runs(stream, "ip"):
+            pass
+else:
+    target = CandidatesTarget({"per-ip": "100/minute"}, "ip", "fixed_window", ManualClock(0))
+    replay(target, Options([path], "combined", suggest=row == "suggest"), "candidates")
+print(time.process_time() - started)
+"""
+"""One row timed in a child process: ``read`` (a one-field parse), ``limit`` or ``suggest``
+(the whole --limit replay without or with the suggestions)."""
+
+
+def child(checkout: str, row: str, path: str) -> float:
+    """CPU seconds of ``row`` over ``path`` with ``checkout``'s ratekeeper."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(checkout, "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, row, path], env=env, capture_output=True, text=True,
+        check=True, timeout=3600,
+    )  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def write_huge(path: str, megabytes: int, one_line: bool) -> None:
+    """``megabytes`` MB of ordinary lines, or of one combined line (a path that long)
+    between two ordinary ones (a first line is read whole by other means: not the case to
+    measure)."""
+    size = megabytes << 20
+    line = '10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] "GET /api/items HTTP/1.1" 200 512\n'
+    with open(path, "w") as f:
+        if one_line:
+            head = '10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] "GET /'
+            f.write(line + head + "a" * (size - len(head) - 2 * len(line) - 30))
+            f.write(' HTTP/1.1" 200 512 "-" "x"\n' + line)
+        else:
+            f.write(line * (size // len(line)))
+
+
+def compare(args: argparse.Namespace, path: str) -> None:
+    """Rows of this checkout and of ``--baseline``, alternately in child processes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sides = {"this checkout": here, "baseline": args.baseline}
+    huge = {}
+    for name, one in (("one long line", True), ("ordinary lines", False)):
+        fd, huge[name] = tempfile.mkstemp(suffix=".log")
+        os.close(fd)
+        write_huge(huge[name], args.huge, one)
+    jobs = [
+        (f"simulate --limit, no suggestions ({args.lines:,} lines)", "limit", path, args.lines),
+        (f"simulate --limit, with suggestions ({args.lines:,} lines)", "suggest", path, args.lines),
+        (f"read + parse one field: {args.huge} MB of ordinary lines", "read",
+         huge["ordinary lines"], args.huge << 20),
+        (f"read + parse one field: one {args.huge} MB line", "read", huge["one long line"],
+         args.huge << 20),
+    ]  # fmt: skip
+    try:
+        seconds: dict[tuple[str, str], list[float]] = {}
+        for r in range(args.rounds):
+            order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
+            for label, row, file, _ in jobs:
+                for side, checkout in order:
+                    seconds.setdefault((label, side), []).append(child(checkout, row, file))
+        print(f"\nbefore/after, child processes alternately, median of {args.rounds} rounds "
+              "(CPU seconds; lines/s or MB/s)")  # fmt: skip
+        for label, _, _, amount in jobs:
+            cells = []
+            for side in sides:
+                cpu = statistics.median(seconds[(label, side)])
+                per = f"{amount / cpu:,.0f} lines/s" if "MB" not in label else (
+                    f"{amount / cpu / 2**20:,.1f} MB/s")  # fmt: skip
+                cells.append(f"{side}: {cpu:7.2f} s ({per})")
+            print(f"  {label:58s} " + "   ".join(cells))
+    finally:
+        for file in huge.values():
+            os.unlink(file)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=500_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", metavar="DIR", help="another checkout to compare with")
+    parser.add_argument("--huge", type=int, default=50, metavar="MB",
+                        help="size of the hostile rows' files (with --baseline)")  # fmt: skip
     args = parser.parse_args()
     fd, path = tempfile.mkstemp(suffix=".log")
     os.close(fd)
@@ -161,6 +263,8 @@ def main() -> None:
             for v in times.values()
         )
         print(f"largest spread of a row's CPU times between rounds: {spread:.0%}")
+        if args.baseline:
+            compare(args, path)
     finally:
         os.unlink(path)
 

@@ -26,6 +26,7 @@ EXPECTED = {
     "ConfigError",
     "Decision",
     "Limiter",
+    "LocalBudget",
     "ManualClock",
     "MemoryStore",
     "Rate",

@@ -22,6 +22,7 @@ from ratekeeper import (
     AsyncLimiter,
     ConcurrencyLimiter,
     Limiter,
+    LocalBudget,
     ManualClock,
     RedisClusterStore,
     RedisStore,
@@ -104,6 +105,19 @@ def exercise(url: str, admin: redis.Redis, prefix: str = "rk") -> list[str]:
         run(limiter.hit, "a", "5/minute", algorithm="gcra")
         store.close()
     run(RedisStore(url, prefix=prefix, socket_timeout=5).ping)
+    budget = LocalBudget(
+        RedisStore(url, prefix=prefix, socket_timeout=5), clock=clock, fail_local=False
+    )
+    sliced = Limiter(budget, clock=clock, fail_open=False)
+    for algorithm in ("fixed_window", "token_bucket", "gcra"):  # slices and heartbeats
+        for _ in range(3):
+            run(sliced.hit, "s", "50/minute", algorithm=algorithm)
+        run(sliced.peek, "s", "50/minute", algorithm=algorithm)
+        run(sliced.reset, "s", "50/minute", algorithm=algorithm)
+        run(sliced.hit, "s", "50/minute", algorithm=algorithm)
+    clock.advance(5)
+    run(budget.maintain)
+    budget.close()
     leases = ConcurrencyLimiter(RedisStore(url, prefix=prefix, socket_timeout=5), 2, clock=clock)
     lease = leases.acquire("a")
     if lease is None or lease.degraded or not leases.release(lease):

@@ -33,6 +33,7 @@ from .signals import QueueDelay as QueueDelay
 from .stores.batching import Batching as Batching
 from .stores.cluster import RedisClusterStore as RedisClusterStore
 from .stores.layout import CompactLayout as CompactLayout
+from .stores.local_budget import LocalBudget as LocalBudget
 from .stores.memory import MemoryStore as MemoryStore
 from .stores.redis import RedisStore as RedisStore
 from .stores.rollout import RolloutStore as RolloutStore
@@ -58,6 +59,7 @@ __all__ = [
     "GradientSettings",
     "Lease",
     "Limiter",
+    "LocalBudget",
     "LoopLag",
     "ManualClock",
     "MemoryStore",

@@ -5,7 +5,9 @@ fail-open policy, the circuit breaker and counters. The two limiters differ only
 appears: ``store.execute(plan)`` versus ``await store.execute_async(plan)``.
 
 Failure policy: a store error or timeout gives an allowed ``Decision`` with ``degraded=True``
-(``fail_open=True``, the default) or raises ``StoreUnavailable``. After ``breaker_threshold``
+(``fail_open=True``, the default) or raises ``StoreUnavailable``; a store that can decide
+without its backend (``FailLocalStore``: ``LocalBudget(fail_local=True)``) answers first,
+its decision marked ``degraded``. After ``breaker_threshold``
 failures in a row the breaker opens and the store is not called for a cool-down that starts at
 ``breaker_cooldown`` seconds and doubles on each failed trial up to ``breaker_max_cooldown``;
 the first call after the cool-down is the one trial, and its success closes the breaker (see
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -52,10 +55,12 @@ from .rates import Rate
 from .stores.base import (
     AsyncPingable,
     AsyncStore,
+    FailLocalStore,
     LocalStore,
     Partitioned,
     Pingable,
     QueuingStore,
+    SliceStore,
     Store,
 )
 from .stores.memory import MemoryStore
@@ -91,9 +96,17 @@ class _Core:
         self._policies: dict[tuple[Any, ...], Policy] = {}
         self._singles: dict[tuple[Any, ...], Policy] = {}
         """The cached policies of one rate: the ones ``local_hit`` may decide."""
-        self.hit_one: Callable[..., Outcome] | None = None
+        self.hit_one: Callable[..., Outcome | None] | None = None
+        """Answers a one-rate hit in process: ``LocalStore.hit_one``, or ``SliceStore.spend_one``
+        (None from it: take the plan path)."""
+        self.local_one: Callable[..., Outcome] | None = None
+        """``LocalStore.hit_one`` only (it always answers)."""
+        self.fail_local: Callable[[Plan], tuple[Outcome, ...] | None] | None = None
         self._last_log = -1e18
-        self.counts = {"degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0}
+        self.counts = {
+            "degraded": 0, "store_errors": 0, "breaker_opened": 0, "breaker_skips": 0,
+            "fail_local": 0,
+        }  # fmt: skip
         self.metrics: Metrics | None = None
         """Set: store calls are timed and errors counted."""
         self.counting: Metrics | None = None
@@ -110,7 +123,9 @@ class _Core:
         """Keep one breaker per partition if ``store`` declares partitions."""
         self.partition = store.partition if isinstance(store, Partitioned) else None
         self.only = None if self.partition is not None else self._breakers[0]
-        self.hit_one = store.hit_one if isinstance(store, LocalStore) else None
+        self.local_one = store.hit_one if isinstance(store, LocalStore) else None
+        self.hit_one = store.spend_one if isinstance(store, SliceStore) else self.local_one
+        self.fail_local = store.fail_local if isinstance(store, FailLocalStore) else None
 
     def local_hit(
         self,
@@ -143,7 +158,7 @@ class _Core:
             return None
         now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
-        return decide_one(policy, outcome, now)
+        return None if outcome is None else decide_one(policy, outcome, now)
 
     def policy_hit(self, key: str, policy: Policy, cost: int) -> Decision | None:
         """``local_hit`` for a policy already made by ``make_policy``: None unless the store is
@@ -159,7 +174,7 @@ class _Core:
             return None
         now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
-        return decide_one(policy, outcome, now)
+        return None if outcome is None else decide_one(policy, outcome, now)
 
     def plan(
         self,
@@ -241,8 +256,15 @@ class _Core:
                 log.warning(
                     "ratekeeper store failed (%s); failing %s",
                     exc,
-                    "open" if self.fail_open else "closed",
+                    "local" if self.fail_local else "open" if self.fail_open else "closed",
                 )
+        if self.fail_local is not None:
+            outcomes = self.fail_local(plan)
+            if outcomes is not None:
+                if not outcomes:  # a refund or a reset, done locally
+                    return None
+                self.counts["fail_local"] += 1
+                return dataclasses.replace(decide(plan, outcomes), degraded=True)
         if not self.fail_open:
             if exc is None:
                 raise StoreUnavailable("store unavailable (circuit breaker open)")
@@ -376,11 +398,13 @@ class _Base:
     def local_hit_one(self) -> Callable[..., Outcome] | None:
         """The in-process store's ``hit_one`` (``LocalStore``), None for other stores: what
         ``decide_local`` calls, for callers that keep a policy's slot, algorithm and limit."""
-        return self._core.hit_one
+        return self._core.local_one
 
     def stats(self) -> dict[str, Any]:
-        """Failure counters: ``degraded``, ``store_errors``, ``breaker_opened``, ``breaker_skips``,
-        ``breaker`` (worst state), ``breakers_open`` and ``consecutive_failures``."""
+        """Failure counters: ``degraded`` (fail-open answers), ``fail_local`` (answers decided
+        without the store by a ``FailLocalStore``), ``store_errors``, ``breaker_opened``,
+        ``breaker_skips``, ``breaker`` (worst state), ``breakers_open`` and
+        ``consecutive_failures``."""
         return self._core.stats()
 
 

@@ -130,3 +130,38 @@ def test_dashboard_data_needs_the_client_token(service: ServiceProcess) -> None:
         page = http.get("/dashboard").text
         assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
         assert "https://" not in page and '<link rel="stylesheet"' not in page
+
+
+def test_dashboard_shows_envoys_quota_buckets(browser: Browser, tmp_path: Path) -> None:
+    from tests.service.rlqs.client import QuotaClient
+
+    path = tmp_path / "ratekeeper.yaml"
+    path.write_text(
+        CONFIG
+        + """\
+  tenant.quota:
+    rate: 50/second
+rlqs:
+  buckets:
+    - domain: edge
+      bucket: {name: tenant, tenant: "*"}
+      policy: tenant.quota
+"""
+    )
+    proc = ServiceProcess(path)
+    assert proc.grpc_port is not None
+    client = QuotaClient(proc.grpc_port)
+    try:
+        client.send("edge", ({"name": "tenant", "tenant": "acme"}, 0, 1, 0))
+        client.next()
+        browser.open(proc.url + "/healthz")
+        browser.evaluate(f"sessionStorage.setItem('rk-token', {TOKEN!r})")
+        browser.open(proc.url + "/dashboard?interval=300")
+        browser.wait_for("!document.getElementById('rlqs').hidden")
+        assert browser.errors == []
+        row = browser.evaluate("document.querySelector('#quota-buckets tbody tr').textContent")
+        assert row.startswith("edge/name=tenant,tenant=acmetenant.quotaquota50")
+        browser.screenshot("dashboard-rlqs")
+    finally:
+        client.close()
+        proc.stop()

@@ -51,7 +51,11 @@ class Upstream:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client gone mid-answer (Envoy closing after a load): not news
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -78,7 +82,7 @@ USER = [{"request_headers": {"header_name": "x-user", "descriptor_key": "user"}}
 
 
 def _listener(name: str, port: int, spec: Listener) -> dict[str, Any]:
-    manager = {
+    manager: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network."
         "http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": name,
@@ -141,8 +145,8 @@ def _listener(name: str, port: int, spec: Listener) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _cluster(name: str, port: int, grpc: bool) -> dict[str, Any]:
-    cluster: dict[str, Any] = {
+def cluster(name: str, port: int, grpc: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
@@ -165,68 +169,48 @@ def _cluster(name: str, port: int, grpc: bool) -> dict[str, Any]:
     }
     if grpc:
         options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-        cluster["typed_extension_protocol_options"] = {
+        out["typed_extension_protocol_options"] = {
             options: {
                 "@type": "type.googleapis.com/" + options,
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         }
-    return cluster
+    return out
 
 
-class EnvoyProxy:
-    """A running Envoy; ``url(i)`` is listener ``i``'s base URL."""
+class EnvoyProcess:
+    """An Envoy process from a bootstrap, in front of its own ``Upstream``; stopped by PID."""
 
-    def __init__(self, listeners: list[Listener], rls_port: int, workdir: Path) -> None:
+    def __init__(self) -> None:
         self.upstream = Upstream()
-        self.ports = [free_port() for _ in listeners]
         self.admin_port = free_port()
-        dead = free_port()  # nothing listens here
-        bootstrap = {
-            "admin": {
-                "address": {"socket_address": {"address": "127.0.0.1",
-                                               "port_value": self.admin_port}}
-            },
-            "static_resources": {
-                "listeners": [
-                    _listener(f"l{i}", port, spec)
-                    for i, (port, spec) in enumerate(zip(self.ports, listeners, strict=True))
-                ],
-                "clusters": [
-                    _cluster("upstream", self.upstream.port, grpc=False),
-                    _cluster("ratelimit", rls_port, grpc=True),
-                    _cluster("nowhere", dead, grpc=True),
-                ],
-            },
-        }  # fmt: skip
-        path = workdir / "envoy.json"
+
+    def admin(self) -> dict[str, Any]:
+        """The bootstrap's admin section (its ``/ready`` tells when Envoy serves)."""
+        return {"address": {"socket_address": {"address": "127.0.0.1",
+                                               "port_value": self.admin_port}}}  # fmt: skip
+
+    def start(self, bootstrap: dict[str, Any], workdir: Path, name: str = "envoy") -> None:
+        """Run Envoy (one worker thread) on ``bootstrap`` and wait until it is ready."""
+        path = workdir / f"{name}.json"
         path.write_text(json.dumps(bootstrap))
-        self.log = (workdir / "envoy.log").open("w")
+        self.log_path = workdir / f"{name}.log"
+        self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(
             [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "1",
              "-l", "warning", "--disable-hot-restart"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        self.log_path = workdir / "envoy.log"
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                r = httpx.get(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1)
-                if r.status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1).is_success:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"envoy did not start: {self.log_path.read_text()[-3000:]}")
-
-    def url(self, listener: int) -> str:
-        return f"http://127.0.0.1:{self.ports[listener]}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -238,3 +222,30 @@ class EnvoyProxy:
                 self.proc.wait(5)
         self.log.close()
         self.upstream.stop()
+
+
+class EnvoyProxy(EnvoyProcess):
+    """A running Envoy; ``url(i)`` is listener ``i``'s base URL."""
+
+    def __init__(self, listeners: list[Listener], rls_port: int, workdir: Path) -> None:
+        super().__init__()
+        self.ports = [free_port() for _ in listeners]
+        dead = free_port()  # nothing listens here
+        bootstrap = {
+            "admin": self.admin(),
+            "static_resources": {
+                "listeners": [
+                    _listener(f"l{i}", port, spec)
+                    for i, (port, spec) in enumerate(zip(self.ports, listeners, strict=True))
+                ],
+                "clusters": [
+                    cluster("upstream", self.upstream.port, grpc=False),
+                    cluster("ratelimit", rls_port, grpc=True),
+                    cluster("nowhere", dead, grpc=True),
+                ],
+            },
+        }  # fmt: skip
+        self.start(bootstrap, workdir)
+
+    def url(self, listener: int) -> str:
+        return f"http://127.0.0.1:{self.ports[listener]}"

@@ -216,6 +216,44 @@ def test_kill_switch_toggle(http: httpx.Client) -> None:
     assert http.post("/v1/peek", json={"policy": "three", "key": "ks"}).json()["remaining"] == 3
 
 
+def test_block_toggle_rejects_everything_until_lifted(
+    http: httpx.Client, service: ServiceProcess
+) -> None:
+    """The emergency stop: a blocked rate policy rejects on HTTP and ShouldRateLimit alike
+    (and sends Envoy's quota buckets DENY_ALL: tests/service/rlqs)."""
+    url = "/v1/admin/policies/three"
+    body = {"policy": "three", "key": "blocked"}
+    r = http.post(url, json={"block": True}, headers=ADMIN_H)
+    assert r.status_code == 200 and r.json()["blocked"] is True
+    try:
+        answer = http.post("/v1/hit", json=body).json()
+        assert answer["allowed"] is False and answer["retry_after"] is None
+        toggled = http.post(url, json={"enabled": False}, headers=ADMIN_H).json()
+        assert toggled["blocked"] is True  # block wins over the kill switch's allow
+        assert http.post("/v1/hit", json=body).json()["allowed"] is False
+    finally:
+        http.post(url, json={"block": False, "enabled": True}, headers=ADMIN_H)
+    assert http.post("/v1/hit", json=body).json()["allowed"] is True
+    assert http.get("/v1/policies").json()["policies"][0]["blocked"] is False
+    refused = http.post("/v1/admin/policies/slots", json={"block": True}, headers=ADMIN_H)
+    assert refused.status_code == 400 and refused.json()["field"] == "block"
+    ip = next(p["name"] for p in http.get("/v1/policies").json()["policies"]
+              if p["name"].startswith("edge/ip"))  # fmt: skip
+    request = pb.RateLimitRequest(domain="edge", descriptors=[descriptor(("ip", "9.9.9.9"))])
+    http.post(f"/v1/admin/policies/{ip}", json={"block": True}, headers=ADMIN_H)
+    try:
+        assert grpc_call(service, request).overall_code == pb.RateLimitResponse.OVER_LIMIT
+    finally:
+        http.post(f"/v1/admin/policies/{ip}", json={"block": False}, headers=ADMIN_H)
+    assert grpc_call(service, request).overall_code == pb.RateLimitResponse.OK
+
+
+def test_sigterm_stops_through_the_shutdown_with_exit_code_0(config_file: Path) -> None:
+    proc = ServiceProcess(config_file)
+    proc.signal(signal.SIGTERM)
+    assert proc.proc.wait(20) == 0
+
+
 def test_metrics_content(http: httpx.Client) -> None:
     for _ in range(4):
         http.post("/v1/hit", json={"policy": "three", "key": "metrics-user"})

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.cli import main
-from ratekeeper.simulate.logs import LogReader, TimeParser, open_log
+from ratekeeper.simulate.lines import open_log
+from ratekeeper.simulate.logs import LogReader
+from ratekeeper.simulate.times import TimeParser
 
 COMBINED = (
     '1.2.3.4 - alice [10/Oct/2000:13:55:36 -0700] "GET /a HTTP/1.1" 200 2326 "-" "x"\n'
@@ -89,7 +91,13 @@ def test_stdin_and_json_output(tmp_path: Path) -> None:
     assert report["unparsable"] == 1
     [limit] = report["limits"]
     assert (limit["requests"], limit["would_reject"]) == (2, 1)
-    assert limit["top_keys"] == [{"key": "1.2.3.4", "rejections": 1}]
+    [top] = limit["top_keys"]
+    assert (top["key"], top["requests"], top["rejections"]) == ("1.2.3.4", 2, 1)
+    assert (top["traffic_share"], top["rejected_share"]) == (1.0, 0.5)
+    assert top["first_rejected"] == top["last_rejected"] == 971211337.0
+    assert top["windows"] == {"1/1m": 1}
+    assert top["timeline"]["requests"] == [[971211300, 2]]
+    assert top["timeline"]["rejections"] == [[971211300, 1]]
     assert limit["rates"][0]["suggestions"][0]["rate"] == "2/1m"
 
 

@@ -2,7 +2,8 @@
 
 The same generated log is (1) replayed by ``ratekeeper simulate --checks`` and (2) sent, one
 WSGI request per line, through ``WSGIRateLimitMiddleware`` with a ManualClock set to each
-line's time and an app answering the logged status (so 304s are refunded in both).
+line's time and an app answering the logged status (so 304s are refunded in both), in the
+order simulate decides lines of one second in (``order.order_key``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 from ratekeeper import ManualClock
 from ratekeeper.cli import main
 from ratekeeper.middleware import WSGIRateLimitMiddleware
+from ratekeeper.simulate.logs import LogReader
+from ratekeeper.simulate.order import order_key
 from tests.simulate.traffic import Line, generate
 
 CHECKS = """
@@ -88,6 +91,8 @@ def test_simulate_reports_the_rejections_the_middleware_makes(
     lines = generate()
     log = tmp_path / "access.log"
     log.write_text("".join(line.combined() for line in lines))
+    keys = [order_key(e) for e in LogReader().read(io.BytesIO(log.read_bytes()))]
+    lines = [line for _, _, line in sorted(zip(keys, range(len(lines)), lines, strict=True))]
     (tmp_path / "simchecks.py").write_text(CHECKS)
     sys.path.insert(0, str(tmp_path))
     try:

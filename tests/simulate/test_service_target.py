@@ -44,7 +44,10 @@ def test_policies_and_descriptors_from_log_fields(tmp_path: Path) -> None:
     limits = {x["name"]: x for x in json.loads((tmp_path / "r.json").read_text())["limits"]}
     core = limits["api.core"]
     assert (core["requests"], core["would_reject"]) == (13, 2)
-    assert core["top_keys"] == [{"key": "1.1.1.1", "rejections": 2}]
+    [top] = core["top_keys"]
+    assert (top["key"], top["requests"], top["rejections"]) == ("1.1.1.1", 12, 2)
+    assert (top["first_rejected"], top["last_rejected"]) == (1_700_000_010, 1_700_000_011)
+    assert top["windows"] == {"10/1m": 2}  # the window that rejected, from the engine's answer
     beta = limits["api.beta"]
     assert beta["outcomes"]["shadow_rejected"] == 10  # 12 from user u, 2 allowed
     edge = limits["edge/remote_address"]

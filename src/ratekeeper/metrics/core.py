@@ -205,6 +205,10 @@ class Metrics:
         self.reloads = f[v.RELOADS.name]
         self.policies = f[v.POLICIES.name]
         self.user_errors = f[v.USER_ERRORS.name]
+        self.slices = f[v.SLICES.name]
+        self.slice_units = f[v.SLICE_UNITS.name]
+        self.false_rejections = f[v.FALSE_REJECTIONS.name]
+        self.fail_local = f[v.FAIL_LOCAL.name]
         self.top = SpaceSaving(top_keys) if top_keys else None
         self._cells: dict[tuple[str, str], _Cell] = {}
 
@@ -245,6 +249,26 @@ class Metrics:
         """Export ``source()`` as requests in progress (summed with other sources)."""
         self.in_flight.watch(_weakly(source, lambda n: [((), float(n))]))
 
+    def watch_local_budget(self, source: Callable[[], dict[str, float]]) -> None:
+        """Export a ``LocalBudget``'s counters (``LocalBudget.counters``), read at collection:
+        its hot path counts in plain integers."""
+        read = _reader(source)
+        families: dict[Family, list[tuple[Labels, str]]] = {
+            self.slices: [(("taken",), "slices_taken"), (("returned",), "slices_returned")],
+            self.slice_units: [
+                (("taken",), "units_taken"),
+                (("returned",), "units_returned"),
+                (("expired",), "units_expired"),
+            ],
+            self.false_rejections: [((), "false_rejections")],
+            self.fail_local: [
+                (("allowed",), "fail_local_allowed"),
+                (("rejected",), "fail_local_rejected"),
+            ],
+        }
+        for family, series in families.items():
+            family.watch(_counts_of(read, series))
+
     def watch_shedder(self, name: str, source: Any) -> None:
         """Export a shedder's drop probability per tier: ``source`` has ``tiers`` and
         ``drop_probability(tier)`` (as ``WorkerUtilizationShedder``), or is a function
@@ -255,6 +279,34 @@ class Metrics:
         self.shed_drop.watch(
             _weakly(source, lambda probs: [((name, t), float(p)) for t, p in probs.items()])
         )
+
+
+def _reader(source: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float] | None]:
+    """``source`` called through a weak reference when it is a bound method (None once its
+    object is gone)."""
+    if not inspect.ismethod(source):
+        return source
+    ref = weakref.WeakMethod(source)
+
+    def read() -> dict[str, float] | None:
+        fn = ref()
+        return None if fn is None else fn()
+
+    return read
+
+
+def _counts_of(
+    read: Callable[[], dict[str, float] | None], series: list[tuple[Labels, str]]
+) -> Callable[[], Iterable[Sample] | None]:
+    """A watch source picking ``series`` (labels, counter name) out of a counters dict."""
+
+    def samples() -> Iterable[Sample] | None:
+        counts = read()
+        if counts is None:
+            return None
+        return [(labels, float(counts[name])) for labels, name in series]
+
+    return samples
 
 
 class _TierReader:

@@ -8,9 +8,9 @@ Prometheus adds ``_total`` to counters, OpenTelemetry uses the base name as is.
 Label values are bounded: ``policy`` is a configured policy or check name (a library call is
 labelled by its rates, e.g. ``100/1m``), ``outcome`` one of ``OUTCOMES``, ``store``/``shard``
 /``kind`` come from the store configuration, ``shedder``/``tier`` from the shedder's settings,
-``reason``, ``result`` and ``function`` (``FUNCTIONS``) from fixed sets. As a safety net every
-metric keeps at most ``max_series`` label sets; further ones are counted under the label value
-``_other``.
+``reason``, ``result``, ``function`` (``FUNCTIONS``) and ``event`` from fixed sets. As a safety
+net every metric keeps at most ``max_series`` label sets; further ones are counted under the
+label value ``_other``.
 """
 
 from __future__ import annotations
@@ -101,8 +101,31 @@ USER_ERRORS = MetricSpec(
 FUNCTIONS = ("key", "rate", "cost", "priority", "charge_when")
 """``ratekeeper_user_function_errors``'s ``function`` label: which of a check's functions raised."""
 
+SLICES = MetricSpec(
+    "ratekeeper_slices", "counter",
+    "Slices of a key's budget a process took from the store or gave back (LocalBudget).",
+    ("event",), "{slice}", recorded_by="LocalBudget",
+)  # fmt: skip
+SLICE_UNITS = MetricSpec(
+    "ratekeeper_slice_units", "counter",
+    "Units in slices: taken, given back, or expired unspent (LocalBudget).",
+    ("event",), "{unit}", recorded_by="LocalBudget",
+)  # fmt: skip
+FALSE_REJECTIONS = MetricSpec(
+    "ratekeeper_false_rejections", "counter",
+    "Rejections while other processes' live slices held at least what the request lacked "
+    "(an upper bound of rejections with budget left; LocalBudget).",
+    unit="{decision}", recorded_by="LocalBudget",
+)  # fmt: skip
+FAIL_LOCAL = MetricSpec(
+    "ratekeeper_fail_local_decisions", "counter",
+    "Decisions made without the store at the process's share of the limit (LocalBudget).",
+    ("outcome",), "{decision}", recorded_by="LocalBudget",
+)  # fmt: skip
+
 METRICS: tuple[MetricSpec, ...] = (
     DECISIONS, STORE_LATENCY, STORE_ERRORS, BREAKER_STATE, IN_FLIGHT, SHED_DROP,
-    BATCH_SIZE, REFUSED, RELOADS, POLICIES, USER_ERRORS,
+    BATCH_SIZE, REFUSED, RELOADS, POLICIES, USER_ERRORS, SLICES, SLICE_UNITS, FALSE_REJECTIONS,
+    FAIL_LOCAL,
 )  # fmt: skip
 """Every metric ratekeeper records."""

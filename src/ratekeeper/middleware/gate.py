@@ -565,7 +565,12 @@ class Gate:
 
     def _keeps(self, op: Op, status: int) -> bool:
         """Whether the charge ``op`` stands for a response with ``status``."""
-        check = self.checks[op.position]
+        return self.keeps(op.position, status)
+
+    def keeps(self, position: int, status: int) -> bool:
+        """Whether the rate check at ``position`` keeps its charge for a response with
+        ``status`` (``simulate`` asks it too, to replay refunds as they happen)."""
+        check = self.checks[position]
         predicate = check.charge_when or self.charge_when  # type: ignore[union-attr]  # a rate check's op
         if predicate is None:
             return status not in self.refund_statuses

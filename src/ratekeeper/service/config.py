@@ -45,6 +45,7 @@ from .envoy_config import settings as envoy_settings
 from .policies import ConcurrencySpec as ConcurrencySpec
 from .policies import PolicySpec as PolicySpec
 from .policies import policy_from
+from .rlqs.rules import RlqsSettings, read_rlqs
 from .yaml_lines import (
     Map,
     Problem,
@@ -95,6 +96,8 @@ class ServiceConfig:
     """``file:line: message`` for keys accepted but without effect (as upstream ignores them)."""
     over_limit_status: int = 200
     """The HTTP status of ``/v1/hit`` when the answer is ``allowed: false``."""
+    rlqs: RlqsSettings = field(default_factory=RlqsSettings)
+    """Envoy's quota buckets -> policies, and the quota service's settings (``rlqs/``)."""
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -206,6 +209,8 @@ class _Builder:
         self.domains: dict[str, DomainCompiler] = {}
         self.domain_files: dict[str, str] = {}
         self.warnings: list[str] = []
+        self.rlqs = RlqsSettings()
+        self.rlqs_file = ""
 
     def build(self, files: tuple[str, ...]) -> ServiceConfig:
         if self.auth.grpc and not (self.auth.token or self.auth.admin_token):
@@ -226,6 +231,7 @@ class _Builder:
             self.envoy,
             tuple(self.warnings),
             self.over_limit_status,
+            self.rlqs,
         )
 
     def read_settings(self, path: str, doc: Map) -> None:
@@ -233,7 +239,7 @@ class _Builder:
         if "domain" in doc:
             return
         with self.guard():
-            _no_unknown(doc, {"store", "auth", "limits", "envoy", "policies", "domains"},
+            _no_unknown(doc, {"store", "auth", "limits", "envoy", "policies", "domains", "rlqs"},
                         "the top level")  # fmt: skip
         given = [k for k in ("store", "auth", "limits", "envoy") if k in doc]
         if not given:
@@ -272,7 +278,17 @@ class _Builder:
                         self._add_policy(path, name, body, policies.lines[name])
 
     def read_domains(self, path: str, doc: Map) -> None:
-        """Phase 3: Envoy-format domains (a file of one, or our format's ``domains:`` list)."""
+        """Phase 3: Envoy-format domains (a file of one, or our format's ``domains:`` list),
+        and the quota service's bucket rules (``rlqs:``, in one file)."""
+        if "rlqs" in doc and "domain" not in doc:
+            with self.guard():
+                if self.rlqs_file:
+                    raise Problem(doc.lines["rlqs"], f"rlqs is already set in {self.rlqs_file}")
+                self.rlqs_file = path
+                body = _map(doc["rlqs"], doc.lines["rlqs"], "rlqs")
+                self.rlqs = read_rlqs(
+                    body, self.problems, self.policies, self._register, self._lookup
+                )
         if "domain" in doc:
             with self.guard():
                 self._envoy_domain(path, doc)

@@ -3,10 +3,12 @@ JSON; client token) and ``POST /dashboard/modes`` (a toggle; admin token), route
 ``http.ROUTES`` like every other route. The page and the data are ``ratekeeper.dashboard``'s;
 here the engine's policies are its toggles: ``off`` is ``enabled: false`` (the kill switch),
 ``shadow`` is ``shadow: true``, until the next reload, as ``POST /v1/admin/policies/{name}``.
+The data also lists Envoy's quota buckets (``rlqs``: ``rlqs.stats.Row`` each).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from ..dashboard import PAGE, snapshot
@@ -47,8 +49,10 @@ def _mode(enabled: bool, shadow: bool) -> str:
 
 
 def data(engine: Engine) -> dict[str, Any]:
-    """What ``/dashboard/data`` answers."""
-    return snapshot(engine.metrics, EngineModes(engine))
+    """What ``/dashboard/data`` answers, with the Envoy quota buckets (``rlqs``)."""
+    out = snapshot(engine.metrics, EngineModes(engine))
+    out["rlqs"] = [asdict(row) for row in engine.metrics.rlqs.rows()]
+    return out
 
 
 def set_mode(engine: Engine, req: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
   the same rates never share a counter, whatever characters their names and keys hold.
 - ``enabled: false`` answers "allowed" without touching the store; ``shadow: true`` counts
   as usual but always answers "allowed" (the would-be rejection shows in metrics and in the
-  answer's ``shadow`` flag); Envoy's ``requests_per_unit: 0`` rejects without the store.
+  answer's ``shadow`` flag); Envoy's ``requests_per_unit: 0`` and the ``block`` toggle (the
+  emergency stop) reject without the store.
 - The over-limit cache: after the store rejects ``cost`` units of a key, requests of at least
   that cost are rejected locally until the moment the store said a retry could succeed, with
   ``retry_after`` counted down from it. ``remaining`` is the store's value at the rejection:
@@ -200,7 +201,8 @@ class Engine:
         self.clock = clock
         self.cache = OverLimitCache()
         self.config = config
-        self.overrides: dict[str, tuple[bool, bool]] = {}
+        self.overrides: dict[str, tuple[bool, bool, bool]] = {}
+        """Runtime toggles by policy: enabled, shadow, blocked (until the next reload)."""
         self.generation = 0
         """Changes whenever a policy may answer differently (reload, toggle): what callers
         derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
@@ -240,6 +242,8 @@ class Engine:
         toggles = self.overrides.get(name)
         if toggles is not None:
             spec = replace(spec, enabled=toggles[0], shadow=toggles[1])
+            if toggles[2] and isinstance(spec, PolicySpec):
+                spec = replace(spec, block=True)
         return spec
 
     def check_key(self, key: object, field: str = "key") -> str:
@@ -256,13 +260,22 @@ class Engine:
                 raise BadRequest(field, f"{field} is not valid Unicode text") from None
         return key
 
-    def toggle(self, name: str, enabled: bool | None, shadow: bool | None) -> None:
+    def toggle(
+        self, name: str, enabled: bool | None, shadow: bool | None, block: bool | None = None
+    ) -> None:
         """Switch a policy (of either kind) off/on or into/out of shadow mode until the next
-        reload."""
-        spec = self.concurrency_spec(name) if name in self.config.concurrency else self.spec(name)
+        reload; ``block`` (rate policies): reject every request, the emergency stop (it wins
+        over ``enabled`` and ``shadow``; ``block: false`` lifts only a toggled block)."""
+        concurrency = name in self.config.concurrency
+        spec = self.concurrency_spec(name) if concurrency else self.spec(name)
+        if block is not None and concurrency:
+            raise BadRequest("block", f"policy {name!r} is a concurrency policy; block applies "
+                             "to rate policies")  # fmt: skip
+        before = self.overrides.get(name)
         new = (
             spec.enabled if enabled is None else enabled,
             spec.shadow if shadow is None else shadow,
+            (before is not None and before[2]) if block is None else block,
         )
         self.overrides[name] = new
         self.generation += 1

@@ -24,6 +24,7 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from ..errors import BadRequest
+from .config_settings import AuthSettings
 from .envoy import Answer, Descriptor, Envoy, check_override_unit
 from .http import check_bearer
 from .rls_reply import ReplyEncoder
@@ -61,14 +62,7 @@ class Wire:
     def authorized(self, metadata: Any) -> bool:
         """Whether ``metadata`` carries the client or the admin token (as HTTP's client
         routes require); only asked when ``auth.grpc`` is set."""
-        auth = self.envoy.engine.config.auth
-        given = dict(metadata or ()).get("authorization", "")
-        scheme, _, token = str(given).partition(" ")
-        token = token.strip() if scheme.lower() == "bearer" else ""
-        return bool(
-            (auth.token and check_bearer(token, auth.token))
-            or (auth.admin_token and check_bearer(token, auth.admin_token))
-        )
+        return authorized(self.envoy.engine.config.auth, metadata)
 
     def parse(self, raw: bytes) -> Parsed:
         """The request in ``raw``, checked (``BadRequest`` before anything is counted)."""
@@ -109,6 +103,18 @@ class Wire:
     def reply(self, answer: Answer) -> bytes:
         """The serialized ``RateLimitResponse``."""
         return self._encoder.encode(answer)
+
+
+def authorized(auth: AuthSettings, metadata: Any) -> bool:
+    """Whether gRPC ``metadata`` carries the client or the admin token (``auth.grpc``: the
+    rate limit and the quota services alike)."""
+    given = dict(metadata or ()).get("authorization", "")
+    scheme, _, token = str(given).partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    return bool(
+        (auth.token and check_bearer(token, auth.token))
+        or (auth.admin_token and check_bearer(token, auth.admin_token))
+    )
 
 
 def too_large(reply: bytes) -> str | None:

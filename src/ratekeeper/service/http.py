@@ -8,7 +8,7 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
     POST /v1/concurrency/acquire          {"policy", "key"}    200 lease / 429 full
     POST /v1/concurrency/release          {"lease"}
     POST /v1/admin/reload                                                       admin
-    POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?}              admin
+    POST /v1/admin/policies/{name}        {"enabled"?, "shadow"?, "block"?}    admin
     GET  /v1/policies   /healthz   /metrics   /openapi.json
     GET  /dashboard (page)   GET /dashboard/data (client)   POST /dashboard/modes (admin)
 
@@ -343,11 +343,11 @@ class HttpApi:
                 return 422, {"reloaded": False, "error": error, "field": "config"}, {}
             return 200, {"reloaded": True, "files": list(self.engine.config.files)}, {}
         if route.path == "/v1/admin/policies/{name}":
-            req = _object(await _body(scope, receive), {"enabled", "shadow"})
+            req = _object(await _body(scope, receive), {"enabled", "shadow", "block"})
             name = path[len("/v1/admin/policies/") :]
-            toggles = [_optional_bool(req, f) for f in ("enabled", "shadow")]
+            toggles = [_optional_bool(req, f) for f in ("enabled", "shadow", "block")]
             self._describe(name)  # 404 for an unknown policy, before anything changes
-            self.engine.toggle(name, toggles[0], toggles[1])
+            self.engine.toggle(name, toggles[0], toggles[1], toggles[2])
             return 200, self._describe(name), {}
         op = route.path[4:]  # hit, peek, refund, reset
         req = _object(await _body(scope, receive), _FIELDS[op])
@@ -412,6 +412,7 @@ class HttpApi:
             "buckets": spec.buckets,
             "shadow": spec.shadow,
             "enabled": spec.enabled,
+            "blocked": spec.block,
         }
 
     def _authorize(self, headers: list[tuple[bytes, bytes]], admin: bool) -> None:

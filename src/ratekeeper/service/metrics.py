@@ -14,7 +14,8 @@ Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabular
 - ``batch_size``: histogram of calls per batch;
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
-- ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``).
+- ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``);
+- ``rlqs_*``: the quota service's buckets and streams (``rlqs.stats``).
 
 Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
 ``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
@@ -45,6 +46,7 @@ from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.sharded import ShardedRedisStore
+from .rlqs.stats import RlqsStats
 
 _perf_counter = time.perf_counter
 TOP_KEYS = 64
@@ -67,6 +69,7 @@ class Metrics(core.Metrics):
         self.registry = CollectorRegistry(auto_describe=True)
         register(self, self.registry)
         self.envoy = EnvoyStats(self.registry, 0.8, 1000)
+        self.rlqs = RlqsStats(self.registry)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""

@@ -66,6 +66,9 @@ from .metrics import (
     InstrumentedStore,
     Metrics,
 )
+from .rlqs import wire as rlqs_wire
+from .rlqs.hub import Quotas
+from .rlqs.state import quota_state
 from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
@@ -217,6 +220,12 @@ class Service:
         self.metrics.watch_breakers(leases.breaker_states, kind, "lease")
         self.engine = Engine(self.config, limiter, self.metrics, clock, leases)
         self.envoy = Envoy(self.engine, self.metrics.envoy)
+        if options.grpc_threads and self.config.rlqs.rules:
+            raise ConfigError(
+                "rlqs: Envoy's quota streams are served by grpc.aio (the default); with "
+                "--grpc-threads each stream would hold a handler thread: drop --grpc-threads"
+            )
+        self.quotas = Quotas(self.engine, quota_state(self._raw_store), self.metrics.rlqs, clock)
         self.api = HttpApi(self.engine, self.reload, self.health)
         self._reload_lock = asyncio.Lock()
 
@@ -292,6 +301,7 @@ class Service:
             await grpc_server.start()
         uv_config = uvicorn_config(self.api, opts)
         server = uvicorn.Server(uv_config)
+        absorb_stop_signals()
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -304,6 +314,8 @@ class Service:
             )
         if shared:
             chores.append(asyncio.create_task(self._publish()))
+        if grpc_server is not None and not opts.grpc_threads:
+            chores.append(asyncio.create_task(self.quotas.watch()))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -324,10 +336,12 @@ class Service:
             for chore in chores:
                 chore.cancel()
             if grpc_server is not None:
+                await self.quotas.close()  # Envoys keep their shares while it is away
                 await grpc_server.stop(grace=1.0)
 
     def grpc_server(self, loop: asyncio.AbstractEventLoop) -> GrpcServer:
-        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit.
+        """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit (and, on
+        ``grpc.aio``, the quota service's streams).
 
         ``grpc.aio`` on the event loop by default, on every store: beside the standard server's
         handler threads it measured faster (with ``SWITCH_INTERVAL``) and its tail shorter
@@ -340,7 +354,12 @@ class Service:
             aio = grpc.aio.server(
                 options=grpc_options(shared), maximum_concurrent_rpcs=GRPC_MAX_CALLS
             )
-            aio.add_generic_rpc_handlers((handler(RateLimitServicer(self.envoy)),))
+            aio.add_generic_rpc_handlers(
+                (
+                    handler(RateLimitServicer(self.envoy)),
+                    rlqs_wire.handler(rlqs_wire.QuotaServicer(self.quotas)),
+                )
+            )
             return GrpcServer(aio)
         servicer = ThreadServicer(self.envoy, run_inline if in_process else on_loop(loop))
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ratekeeper-grpc")
@@ -408,6 +427,16 @@ def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
         proxy_headers=False,  # client address and scheme are never used: skip the rewrite
         log_level="warning",
     )
+
+
+def absorb_stop_signals() -> None:
+    """Let SIGTERM and SIGINT stop the service through its shutdown: uvicorn catches them
+    while it serves, and once it has shut down raises the one it caught again; with the
+    default actions the process would die there, before gRPC's graceful stop and the quota
+    streams' hand-over (``Quotas.close``). The stop is under way by then: ignore it."""
+    with contextlib.suppress(ValueError):  # not the main thread (a test serving in a thread)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
 
 
 def _warn(config: config_mod.ServiceConfig) -> None:

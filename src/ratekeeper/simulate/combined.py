@@ -1,4 +1,4 @@
-"""The combined log format, parsed a block of whole lines at a time.
+"""The common log format family (combined, common, Traefik's), a block of lines at a time.
 
 One pattern, ``TEMPLATE``, defines the format; ``line_pattern`` makes the one-line matcher
 (``LINE``, which tells the format apart) and ``block_pattern`` a matcher that ``findall`` runs
@@ -14,8 +14,7 @@ ignored, as a prefix match ignores it.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator
-from typing import IO, Protocol
+from collections.abc import Collection
 
 HEAD = r'{ip} \S+ {user} \[{time}\] "{method} {path}(?: {protocol})?" {status} {bytes}'
 TAIL = r'(?: "{referer}" "{user_agent}")?'
@@ -34,9 +33,6 @@ FIELDS = {
 }
 NAMES = tuple(re.findall(r"\{(\w+)\}", TEMPLATE))
 """The fields, in the order of their groups."""
-BLOCK_CHARS = 1 << 16
-"""Characters read at a time (then cut after the last whole line): a block's rows then stay
-in the processor's cache (measured: 1 MiB blocks parsed a fifth slower)."""
 
 
 def line_pattern(names: Collection[str], template: str = TEMPLATE) -> str:
@@ -61,28 +57,3 @@ def block_pattern(names: Collection[str]) -> re.Pattern[str]:
     tail = "referer" in names or "user_agent" in names
     line = line_pattern({*names, "time"}, TEMPLATE if tail else HEAD)
     return re.compile(f"(?:{line}[^\\n]*|([^\\n]*))\\n")
-
-
-class _Counts(Protocol):
-    bytes_read: int
-
-
-def blocks(text: IO[str], first: str, counts: _Counts) -> Iterator[str]:
-    """``first`` (a line) and the rest of ``text`` in blocks of whole lines, each ending with
-    a newline (a last line without one is given one); ``counts.bytes_read`` counts what was
-    read, as it is read."""
-    counts.bytes_read += len(first)
-    rest = first
-    read = text.read
-    while True:
-        chunk = read(BLOCK_CHARS)
-        if not chunk:
-            break
-        counts.bytes_read += len(chunk)
-        chunk = rest + chunk if rest else chunk
-        cut = chunk.rfind("\n") + 1
-        rest = chunk[cut:]
-        if cut:
-            yield chunk[:cut] if rest else chunk
-    if rest:
-        yield rest + "\n"

@@ -1,155 +1,220 @@
-"""The ``--html`` report: one self-contained file (inline CSS, SVG and a little JS; no network).
+"""The ``--html`` report: one self-contained file (inline CSS and SVG; no script is needed to
+read it, and nothing is fetched), drawn from ``Report.to_json``'s data, which it also embeds.
 
-Charts are drawn here as SVG: per limit, requests and would-be rejections per minute, and the
-distribution of per-key peak usage (keys per power-of-two bin) with the suggested limit.
+Per log file its format, counts and order; per limit its totals, requests and rejections over
+time on a real time axis, the top keys (every column, a timeline each), and per rate the
+distribution of per-key peak usage with the candidate and the suggestions marked, and what
+each suggestion would do.
 """
 
 from __future__ import annotations
 
-import html
 import json
-from datetime import UTC, datetime
 from typing import Any
 
-from .replay import Report
-
-W, H, PAD = 640, 180, 36
+from . import charts
+from .charts import esc
+from .render import when
+from .report import bucket_seconds
 
 STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2733;background:#f7f8fa}
-h1{font-size:20px}h2{font-size:16px;margin:0 0 4px}section{background:#fff;border:1px solid #dde2e8;
-border-radius:6px;padding:14px 18px;margin:14px 0}table{border-collapse:collapse}
-td,th{padding:2px 10px 2px 0;text-align:left;font-variant-numeric:tabular-nums}
-.muted{color:#66727f}.bad{color:#b3261e}svg{display:block;margin:6px 0}
-.bar{fill:#7aa6d8}.rej{fill:#d9534f}.axis{stroke:#99a3ad;stroke-width:1}
-.mark{stroke:#2e7d32;stroke-width:2;stroke-dasharray:4 3}text{font-size:11px;fill:#4b5560}
-"""
-
-SCRIPT = """
-document.querySelectorAll('[data-toggle]').forEach(function (b) {
-  b.addEventListener('click', function () {
-    var t = document.getElementById(b.getAttribute('data-toggle'));
-    t.hidden = !t.hidden;
-  });
-});
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2733;background:#f7f8fa;
+max-width:1180px}
+h1{font-size:20px}h2{font-size:16px;margin:0 0 4px}h3{font-size:14px;margin:14px 0 4px}
+section{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:14px 18px;
+margin:14px 0}
+table{border-collapse:collapse;margin:6px 0}
+th{text-align:left;font-weight:600;border-bottom:1px solid #c9d0d8}
+td,th{padding:3px 12px 3px 0;vertical-align:middle;font-variant-numeric:tabular-nums}
+td.n,th.n{text-align:right}.muted{color:#66727f}.bad{color:#b3261e}code{font-size:12px}
+svg{display:block;margin:6px 0}.chart text{font-size:11px;fill:#4b5560}
+.chart .axis{stroke:#8b96a1;stroke-width:1}.chart .grid{stroke:#e6e9ee;stroke-width:1}
+.chart .axis-title{font-size:12px;fill:#1d2733}.chart .legend{font-size:12px;fill:#1d2733}
 """
 
 
-def _esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _time(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%H:%M")
-
-
-def timeline_svg(points: list[dict[str, Any]]) -> str:
-    """Requests (blue) and would-be rejections (red) per minute."""
-    if not points:
-        return "<p class=muted>no requests</p>"
-    top = max(p["requests"] for p in points) or 1
-    n = len(points)
-    bw = (W - PAD) / n
-    parts = [f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">']
-    for i, p in enumerate(points):
-        x = PAD + i * bw
-        h = (H - 24) * p["requests"] / top
-        r = (H - 24) * p["would_reject"] / top
-        label = f"{_time(p['minute'])}: {p['requests']} requests, {p['would_reject']} rejected"
-        parts.append(
-            f'<g><title>{_esc(label)}</title><rect class=bar x="{x:.1f}" y="{H - 20 - h:.1f}" '
-            f'width="{max(bw - 1, 1):.1f}" height="{h:.1f}"/><rect class=rej x="{x:.1f}" '
-            f'y="{H - 20 - r:.1f}" width="{max(bw - 1, 1):.1f}" height="{r:.1f}"/></g>'
-        )
-    parts.append(f'<line class=axis x1="{PAD}" y1="{H - 20}" x2="{W}" y2="{H - 20}"/>')
-    parts.append(f'<text x="0" y="12">{top}/min</text>')
-    parts.append(f'<text x="{PAD}" y="{H - 5}">{_time(points[0]["minute"])}</text>')
-    parts.append(f'<text x="{W - 40}" y="{H - 5}">{_time(points[-1]["minute"])}</text>')
-    return "".join(parts) + "</svg>"
-
-
-def distribution_svg(bins: list[list[Any]], suggested: int | None) -> str:
-    """Keys per peak-usage bin (log2), with the suggested count marked."""
-    if not bins:
-        return "<p class=muted>no keys</p>"
-    top = max(c for _, c in bins) or 1
-    n = len(bins)
-    bw = (W - PAD) / n
-    parts = [f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">']
-    for i, (bound, count) in enumerate(bins):
-        x = PAD + i * bw
-        h = (H - 24) * count / top
-        name = "more" if bound is None else f"≤{int(bound)}"
-        parts.append(
-            f"<g><title>{_esc(f'{int(count)} keys peaked at {name}')}</title><rect class=bar "
-            f'x="{x:.1f}" y="{H - 20 - h:.1f}" width="{max(bw - 2, 1):.1f}" height="{h:.1f}"/>'
-            f'<text x="{x:.1f}" y="{H - 5}">{_esc(name)}</text></g>'
-        )
-        if suggested is not None and bound is not None:
-            low = bound / 2 if bound > 1 else 0
-            if low < suggested <= bound:
-                sx = x + bw * (suggested - low) / (bound - low)
-                parts.append(f'<line class=mark x1="{sx:.1f}" y1="0" x2="{sx:.1f}" y2="{H - 20}"/>')
-    parts.append(f'<text x="0" y="12">{int(top)} keys</text>')
-    return "".join(parts) + "</svg>"
-
-
-def page(report: Report) -> str:
+def page(data: dict[str, Any]) -> str:
     """The whole report as one HTML document."""
-    data = report.to_json()
+    zone = data["zone_offset_seconds"]
     body = [
         "<h1>ratekeeper simulate</h1>",
-        f"<p>{data['lines']:,} lines, {data['parsed']:,} requests, "
+        f"<p>{data['lines']:,} lines: {data['parsed']:,} requests, "
         f"<span class={'bad' if data['unparsable'] else 'muted'}>{data['unparsable']:,} "
-        f"unparsable</span>; mode <b>{_esc(data['mode'])}</b>; suggestions limit at most "
-        f"{report.share:.2%} of keys.</p>",
+        f"unparsable</span>, {data['other']:,} blank or headers; "
+        f"{data['decided']:,} decided, from <b>{esc(when(data['first'], zone))}</b> to "
+        f"<b>{esc(when(data['last'], zone))}</b> ({esc(data['zone'])}, the logs' time zone); "
+        f"mode <b>{esc(data['mode'])}</b>; suggestions touch at most {data['share']:.2%} of "
+        "keys.</p>",
+        _files(data),
     ]
     if data["unparsable_samples"]:
         rows = "".join(
-            f"<tr><td>{s['line']}</td><td>{_esc(s['why'])}</td><td><code>{_esc(s['text'])}"
-            "</code></td></tr>"
+            f"<tr><td>{esc(s['file'])}</td><td class=n>{s['line']:,}</td><td>{esc(s['why'])}</td>"
+            f"<td><code>{esc(s['text'][:160])}</code></td></tr>"
             for s in data["unparsable_samples"]
         )
-        body.append(f"<section><h2>Unparsable lines (samples)</h2><table>{rows}</table></section>")
+        body.append(
+            "<section><h2>Unparsable lines (samples)</h2><table><tr><th>file</th>"
+            f"<th class=n>line</th><th>why</th><th>text</th></tr>{rows}</table></section>"
+        )
+    if data["left_out"]:
+        body.append(
+            "<p class=muted>Not simulated (they depend on live load): "
+            f"{esc(', '.join(data['left_out']))}</p>"
+        )
     for i, limit in enumerate(data["limits"]):
-        body.append(_limit_section(i, limit))
+        body.append(_limit(i, limit, data))
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width'><title>ratekeeper simulate</title>"
         f"<style>{STYLE}</style></head><body>{''.join(body)}"
         f"<script id=report-data type='application/json'>{_json_script(data)}</script>"
-        f"<script>{SCRIPT}</script></body></html>"
+        "</body></html>"
     )
 
 
-def _limit_section(i: int, limit: dict[str, Any]) -> str:
-    top = "".join(
-        f"<tr><td><code>{_esc(t['key'])}</code></td><td>{t['rejections']:,}</td></tr>"
-        for t in limit["top_keys"]
+def _files(data: dict[str, Any]) -> str:
+    order = data["order"]
+    rows = "".join(
+        f"<tr><td><code>{esc(f['path'])}</code></td><td>{esc(f['detected'])}</td>"
+        f"<td class=n>{f['lines']:,}</td><td class=n>{f['parsed']:,}</td>"
+        f"<td class=n>{f['unparsable']:,}</td><td class=n>{f['backward_steps']:,}</td>"
+        f"<td class=n>{f['largest_lag_seconds']:,.0f} s</td><td class=n>{f['late']:,}</td></tr>"
+        for f in data["files"]
     )
-    rates = []
-    for rate in limit["rates"]:
-        for s in rate["suggestions"]:
-            stats = " ".join(
-                f"{k} <b>{_esc('past the largest count' if v is None else v)}</b>"
-                for k, v in s["peak"].items()
-            )
-            rates.append(
-                f"<h3>{_esc(rate['rate'])} · {_esc(s['algorithm'])}</h3>"
-                f"<p>peak usage per key per window: {stats}<br>suggested: "
-                f"<b class=suggested>{_esc(s['rate'] or 'none')}</b> (limits "
-                f"{s['limited_keys']:,} of {rate['keys']:,} keys)</p>"
-                + distribution_svg(s["distribution"], s["count"])
-            )
+    late = "".join(
+        f"<li>{esc(when(s['time'], data['zone_offset_seconds']))}, "
+        f"{s['behind_seconds']:,.0f} s behind: <code>{esc(s['what'][:100])}</code></li>"
+        for s in order["late_samples"]
+    )
     return (
-        f"<section class=limit id=limit-{i}><h2>{_esc(limit['name'])} "
-        f"<span class=muted>{_esc(limit['rate'])} ({_esc(limit['algorithm'])})</span></h2>"
+        "<section class=files><h2>Logs</h2><table><tr><th>file</th><th>detected format</th>"
+        "<th class=n>lines</th><th class=n>requests</th><th class=n>unparsable</th>"
+        "<th class=n>back in time</th><th class=n>furthest behind</th><th class=n>late</th></tr>"
+        f"{rows}</table><p>Lines are put back in time order within "
+        f"{order['window_seconds']:,.0f} s and the files merged by time; "
+        f"<span class={'bad' if order['late'] else 'muted'}>{order['late']:,} lines came later "
+        "than that and were not decided</span>.</p>"
+        + (f"<ul>{late}</ul>" if late else "")
+        + "</section>"
+    )
+
+
+def _limit(i: int, limit: dict[str, Any], data: dict[str, Any]) -> str:
+    zone, zone_name = data["zone_offset_seconds"], data["zone"]
+    first, last = data["first"] or 0.0, data["last"] or 0.0
+    bucket = bucket_seconds(first, last, 240)
+    merged: dict[int, list[int]] = {}
+    for p in limit["timeline"]:
+        b = merged.setdefault(int(p["minute"]) // bucket * bucket, [0, 0])
+        b[0] += p["requests"]
+        b[1] += p["would_reject"]
+    points = [(float(b), r, x) for b, (r, x) in sorted(merged.items())]
+    missing = (
+        f"; key <code>{esc(limit['key'])}</code> missing on {limit['key_missing']:,} requests"
+        if limit["key_missing"]
+        else ""
+    )
+    return (
+        f"<section class=limit id=limit-{i}><h2>{esc(limit['name'])} "
+        f"<span class=muted>{esc(limit['rate'])} ({esc(limit['algorithm'])}, keyed by "
+        f"{esc(limit['key'])})</span></h2>"
         f"<p>requests <b>{limit['requests']:,}</b>, would reject "
-        f"<b class=would-reject>{limit['would_reject']:,}</b> ({limit['share']:.2%}); "
-        f"keys {limit['keys']:,}, {limit['keys_rejected']:,} rejected at least once</p>"
-        f"{timeline_svg(limit['timeline'])}"
-        f"<button data-toggle=top-{i}>top rejected keys</button>"
-        f"<table id=top-{i} hidden>{top}</table>{''.join(rates)}</section>"
+        f"<b class=would-reject>{limit['would_reject']:,}</b> ({limit['share']:.2%} of "
+        f"requests); keys {limit['keys']:,}, <b>{limit['keys_rejected']:,}</b> "
+        f"({limit['keys_rejected_share']:.2%}) rejected at least once{missing}</p>"
+        + charts.timeline(points, first, last, bucket, zone, zone_name)
+        + _top(i, limit, data)
+        + "".join(_rate(rate, limit) for rate in limit["rates"])
+        + "</section>"
+    )
+
+
+def _top(i: int, limit: dict[str, Any], data: dict[str, Any]) -> str:
+    if not limit["top_keys"]:
+        return "<p class=muted>no key was rejected</p>"
+    zone = data["zone_offset_seconds"]
+    first, last = data["first"] or 0.0, data["last"] or 0.0
+    rows = []
+    for t in limit["top_keys"]:
+        line = t["timeline"]
+        windows = ", ".join(f"{esc(w)} ({n:,})" for w, n in t["windows"].items()) or "-"
+        rows.append(
+            f"<tr><td><code>{esc(t['key'])}</code></td><td class=n>{t['requests']:,}</td>"
+            f"<td class=n>{t['traffic_share']:.2%}</td><td class=n>{t['rejections']:,}</td>"
+            f"<td class=n>{t['rejected_share']:.1%}</td>"
+            f"<td>{esc(when(t['first_rejected'], zone))}</td>"
+            f"<td>{esc(when(t['last_rejected'], zone))}</td><td>{windows}</td><td>"
+            + charts.sparkline(
+                line["requests"], line["rejections"], first, last, line["bucket_seconds"]
+            )
+            + "</td></tr>"
+        )
+    return (
+        f"<h3>Top keys by rejections</h3><table class=top-keys id=top-{i}><tr><th>key</th>"
+        "<th class=n>requests</th><th class=n>share of traffic</th><th class=n>rejected</th>"
+        "<th class=n>of its requests</th><th>first rejected</th><th>last rejected</th>"
+        f"<th>rejecting window</th><th>requests / rejections over time</th></tr>{''.join(rows)}"
+        "</table>"
+    )
+
+
+def _rate(rate: dict[str, Any], limit: dict[str, Any]) -> str:
+    out = []
+    window = rate["rate"].split("/")[1]
+    for s in rate["suggestions"]:
+        peak = " ".join(
+            f"{k} <b>{esc('past the largest count' if v is None else f'{v:,}')}</b>"
+            for k, v in s["peak"].items()
+        )
+        outliers = s["outliers"]
+        marks = [
+            ("candidate", s["candidate"]["count"], f"candidate {rate['rate']}"),
+            ("nobody", s["count"], f"touches almost nobody: {s['rate']}"),
+        ]
+        if outliers is not None:
+            marks.append(("outliers", outliers["count"], f"stops the outliers: {outliers['rate']}"))
+        rows = [_suggestion("touches almost nobody", s, rate["keys"])]
+        if outliers is not None:
+            low, high = outliers["gap"]
+            gap = f"the bulk peaks at ≤{low:,}, the outliers at ≥{high:,}" if high else ""
+            rows.append(_suggestion("stops the outliers", outliers, rate["keys"], gap))
+        else:
+            rows.append(
+                "<tr><td>stops the outliers</td><td colspan=4 class=muted>no group of keys "
+                "stands apart from the rest</td></tr>"
+            )
+        out.append(
+            f"<h3>{esc(rate['rate'])} · {esc(s['algorithm'])}</h3>"
+            f"<p>peak usage per key per {esc(window)} window: {peak}; the candidate "
+            f"({s['candidate']['count']:,}) limits {s['candidate']['limited_keys']:,} of "
+            f"{rate['keys']:,} keys</p>"
+            + charts.histogram(s["distribution"], marks, window)
+            + "<table class=suggestions><tr><th>suggestion</th><th>rate</th>"
+            "<th class=n>keys limited</th><th class=n>requests rejected</th><th>keys it stops "
+            f"(share of traffic)</th></tr>{''.join(rows)}</table>"
+        )
+    return "".join(out)
+
+
+def _suggestion(kind: str, s: dict[str, Any], keys: int, note: str = "") -> str:
+    rejected = (
+        "-"
+        if s["rejected_requests"] is None
+        else f"{s['rejected_requests']:,} ({s['rejected_share']:.2%})"
+    )
+    stops = ", ".join(
+        f"<code>{esc(k['key'])}</code> ({k['traffic_share']:.1%})" for k in s["stops"]
+    )
+    more = s["limited_keys"] - len(s["stops"])
+    if more > 0:
+        stops += f" and {more:,} more"
+    css = "suggested" if kind == "touches almost nobody" else "outliers"
+    return (
+        f"<tr><td>{esc(kind)}</td><td><b class={css}>{esc(s['rate'] or 'none')}</b>"
+        + (f"<br><span class=muted>{esc(note)}</span>" if note else "")
+        + f"</td><td class=n>{s['limited_keys']:,} of {keys:,}</td><td class=n>{rejected}</td>"
+        f"<td>{stops or '-'}</td></tr>"
     )
 
 

@@ -1,42 +1,32 @@
-"""Traffic logs -> ``Entry`` (time, fields): nginx/Apache combined, JSON lines, CSV.
+"""One log stream -> ``Entry`` (time, fields), or runs of one time and one field.
 
-Files may be gzip-compressed (detected by their magic bytes, whatever the name) and ``-`` is
-standard input. A line that does not parse is counted and a few are kept as samples
+The format is told from a sample of the first lines (``formats.detect``) unless given; the
+combined family is parsed a block of lines per ``findall`` (``combined``), the others a line
+at a time (``formats``, ``jsonlog``). Blocks come from ``lines.Blocks``: gzip, stdin, bounded
+line length. A line that does not parse is counted and a few are kept as samples
 (``LogStats``); it is never fatal. Field names are normalised so that key functions read the
-same names from every format: ``ip``, ``user``, ``method``, ``path``, ``status`` and, for the
-combined format, ``protocol``, ``bytes``, ``referer``, ``user_agent``. JSON and CSV fields keep
-their own names too; ``aliases`` maps a normalised name to the field that holds it
-(``{"ip": "client_addr"}``), and common spellings (``remote_addr``, ``uri``, ...) are known.
+same names from every format: ``ip``, ``user``, ``method``, ``path``, ``status`` and, where
+the format has them, ``protocol``, ``bytes``, ``referer``, ``user_agent``. ``aliases`` maps a
+normalised name to the field that holds it (``{"ip": "request.remote_ip"}``).
 
-Times: the combined format's ``[10/Oct/2000:13:55:36 -0700]``, ISO 8601 (``2024-05-01T12:00:00Z``)
-or epoch seconds (or milliseconds, when above 1e11). Conversions are cached per minute, so a
-log costs one ``strptime`` per distinct minute, not per line.
+Counts add up: every line read is a request (``parsed``), a bad line (``unparsable``), or
+``other`` — blank lines, W3C directives, a CSV header.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import IO, Any, NamedTuple
+from typing import IO, NamedTuple
 
 from ..errors import ConfigError
-from .combined import LINE, NAMES, block_pattern, blocks
+from .combined import NAMES, block_pattern
+from .formats import COMBINED_FAMILY, FORMATS, SAMPLE, Detected, LineFormat, detect
+from .formats import line_format as make_line_format
+from .jsonlog import Bad
+from .lines import MAX_LINE, OVERLONG, Blocks
+from .times import TimeParser
 
-FORMATS = ("auto", "combined", "jsonl", "csv")
-TIME_FIELDS = ("time", "timestamp", "ts", "@timestamp", "time_local", "date")
-KNOWN_ALIASES: dict[str, tuple[str, ...]] = {
-    "ip": ("ip", "remote_addr", "client_ip", "client", "remote_ip", "clientip", "peer"),
-    "user": ("user", "remote_user", "username", "user_id"),
-    "method": ("method", "request_method", "verb"),
-    "path": ("path", "uri", "request_uri", "url", "request_path"),
-    "status": ("status", "status_code", "response_code"),
-}
 SAMPLES = 5
 RUN_LINES = 4096
 """Lines per list of ``LogReader.runs`` when the runs come from entries."""
@@ -57,6 +47,11 @@ class LogStats:
         if len(self.samples) < SAMPLES:
             self.samples.append((number, text[:200], why))
 
+    @property
+    def other(self) -> int:
+        """Lines that are neither requests nor bad: blank, directives, headers."""
+        return self.lines - self.parsed - self.unparsable
+
 
 class Entry(NamedTuple):
     """One request of the log: epoch seconds and its fields (all strings)."""
@@ -69,71 +64,6 @@ Run = tuple[float, list[str | None]]
 """Consecutive log lines of one time: the time, and one field of each line."""
 
 
-def open_log(path: str) -> IO[bytes]:
-    """A binary stream of the log at ``path`` (``-``: stdin), un-gzipped if it is gzip."""
-    raw: IO[bytes]
-    if path == "-":
-        raw = sys.stdin.buffer
-    else:
-        try:
-            raw = open(path, "rb")  # noqa: SIM115  # closed by the reader
-        except OSError as exc:
-            raise ConfigError(f"cannot read log {path!r}: {exc.strerror or exc}") from None
-    head = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
-    if head == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]  # a binary stream
-    return raw
-
-
-class TimeParser:
-    """Log timestamps -> epoch seconds, cached per minute."""
-
-    def __init__(self) -> None:
-        self._minutes: dict[str, float] = {}
-        self._seen: dict[str, float] = {}
-
-    def __call__(self, text: str) -> float:
-        """Epoch seconds of ``text`` (cached: busy logs repeat the same second)."""
-        seen = self._seen.get(text)
-        if seen is not None:
-            return seen
-        if len(self._seen) > 4096:
-            self._seen.clear()
-        value = self._seen[text] = self._parse(text)
-        return value
-
-    def _parse(self, text: str) -> float:
-        if not text:
-            raise ValueError("no time")
-        if text.replace(".", "", 1).isdigit():  # epoch seconds or ms
-            value = float(text)
-            return value / 1000 if value > 1e11 else value
-        if len(text) >= 20 and text[2] == "/" and text[11] == ":":  # 10/Oct/2000:13:55:36 -0700
-            head = text[:17] + text[20:]
-            base = self._minutes.get(head)
-            if base is None:
-                when = datetime.strptime(text[:17] + ":00" + text[20:], "%d/%b/%Y:%H:%M:%S %z")
-                base = self._minutes[head] = when.timestamp()
-            return base + float(text[18:20])
-        return self._iso(text)
-
-    def _iso(self, text: str) -> float:
-        # ISO 8601: cache the minute (the first 16 characters) with the zone after the seconds
-        rest = text[16:]
-        seconds_end = 3
-        while seconds_end < len(rest) and (rest[seconds_end].isdigit() or rest[seconds_end] == "."):
-            seconds_end += 1
-        zone = rest[seconds_end:]
-        head = text[:16] + zone
-        base = self._minutes.get(head)
-        if base is None:
-            when = datetime.fromisoformat(
-                text[:16] + ":00" + (zone or "+00:00").replace("Z", "+00:00")
-            )
-            base = self._minutes[head] = when.timestamp()
-        return base + (float(rest[1:seconds_end]) if seconds_end > 1 else 0.0)
-
-
 class LogReader:
     """Parse one log stream into ``Entry``s (see the module docstring)."""
 
@@ -142,22 +72,34 @@ class LogReader:
         fmt: str = "auto",
         time_field: str | None = None,
         aliases: Mapping[str, str] | None = None,
+        max_line: int = MAX_LINE,
     ) -> None:
         if fmt not in FORMATS:
             raise ConfigError(f"format {fmt!r} is unknown; expected one of {', '.join(FORMATS)}")
         self.fmt = fmt
         self.time_field = time_field
         self.aliases = dict(aliases or {})
+        self.max_line = max_line
         self.stats = LogStats()
         self.time = TimeParser()
+        self.detected: Detected | None = None
+        """The format read, and how much of the sample it read (None: nothing to read)."""
+        self.field_names: list[str] = []
+        """The fields of the first request read (what keys and ``--field`` may name)."""
+        self._blocks: Blocks | None = None
         self._split: tuple[str, list[str]] = ("", [])
         """The lines of the last block a bad time was found in."""
 
     def read(self, stream: IO[bytes]) -> Iterator[Entry]:
-        """Entries of ``stream`` in file order; bad lines go to ``stats``. (Not a generator
-        itself: it returns the format's own, one layer less per line.)"""
+        """Entries of ``stream`` in file order; bad lines go to ``stats``."""
         opened = self._open(stream)
-        return iter(()) if opened is None else self._entries(*opened)
+        if opened is None:
+            return iter(())
+        fmt, blocks = opened
+        if fmt in COMBINED_FAMILY:
+            self.field_names = [n for n in NAMES if n != "time"]
+            return self._combined(blocks)
+        return self._lines(make_line_format(fmt, self.time_field), blocks)
 
     def runs(self, stream: IO[bytes], name: str) -> Iterator[list[Run]]:
         """What ``read`` gives, grouped: lists of runs of consecutive entries with one time,
@@ -167,52 +109,29 @@ class LogReader:
         opened = self._open(stream)
         if opened is None:
             return iter(())
-        fmt, text, first = opened
-        if fmt == "combined" and name in NAMES and name != "time":
-            return self._combined_runs(text, first, name)
-        return _grouped(self._entries(fmt, text, first), name)
+        fmt, blocks = opened
+        if fmt in COMBINED_FAMILY:
+            self.field_names = [n for n in NAMES if n != "time"]
+            if name in NAMES and name != "time":
+                return self._combined_runs(blocks, name)
+            return _grouped(self._combined(blocks), name)
+        return _grouped(self._lines(make_line_format(fmt, self.time_field), blocks), name)
 
-    def _open(self, stream: IO[bytes]) -> tuple[str, IO[str], str] | None:
-        """The format, the text, and its first line that is not blank (None: there is none;
-        the blank lines before it are counted, and so is it unless the format is combined,
-        whose reader counts it)."""
-        text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
-        stats = self.stats
-        first = ""
-        for first in text:
-            stats.lines += 1
-            stats.bytes_read += len(first)
-            if first.strip():
-                break
-        if not first.strip():
+    def _open(self, stream: IO[bytes]) -> tuple[str, Blocks] | None:
+        """The format and the blocks (the sample given back); None: no line to read."""
+        blocks = self._blocks = Blocks(stream, self.max_line)
+        sample = blocks.sample(SAMPLE)
+        if sample is None:
             return None
-        fmt = self.fmt
-        if fmt == "auto":
-            if first.lstrip().startswith("{"):
-                fmt = "jsonl"
-            else:
-                fmt = "combined" if LINE.match(first) else "csv"
-        if fmt == "combined":
-            stats.lines -= 1
-            stats.bytes_read -= len(first)
-        return fmt, text, first
+        if self.fmt != "auto":
+            self.detected = Detected(self.fmt, -1, len(sample))
+            return self.fmt, blocks
+        self.detected = detect(sample, self.time_field)
+        name = self.detected.name
+        return ("combined" if name == "none" else name), blocks
 
-    def _entries(self, fmt: str, text: IO[str], first: str) -> Iterator[Entry]:
-        if fmt == "combined":
-            return self._combined(text, first)
-        if fmt == "jsonl":
-            return self._jsonl(first, self._count(text))
-        return self._csv(first, self._count(text))
-
-    def _count(self, lines: Iterator[str]) -> Iterator[str]:
-        stats = self.stats
-        for line in lines:
-            stats.lines += 1
-            stats.bytes_read += len(line)
-            yield line
-
-    def _combined(self, text: IO[str], first: str) -> Iterator[Entry]:
-        """The hot loop of most replays: one ``findall`` per block of lines."""
+    def _combined(self, blocks: Blocks) -> Iterator[Entry]:
+        """The hot loop of most general replays: one ``findall`` per block of lines."""
         stats = self.stats
         rows = block_pattern(NAMES).findall
         time_of = self._time_of
@@ -221,7 +140,7 @@ class LogReader:
         seen = None  # the time text of the line before
         t = 0.0
         try:
-            for block in blocks(text, first, stats):
+            for block in blocks:
                 start = n
                 for (
                     ip,
@@ -258,11 +177,13 @@ class LogReader:
                         del fields["user"]
                     yield Entry(t, fields)
                 stats.lines = n  # the progress bar reads it
+                stats.bytes_read = blocks.chars
         finally:
             stats.lines = n
+            stats.bytes_read = blocks.chars
             stats.parsed += n - begun - skipped
 
-    def _combined_runs(self, text: IO[str], first: str, name: str) -> Iterator[list[Run]]:
+    def _combined_runs(self, blocks: Blocks, name: str) -> Iterator[list[Run]]:
         """``runs`` of a combined log: ``_combined``'s loop with only ``name`` and the time
         taken from each line, and no ``Entry`` made."""
         stats = self.stats
@@ -274,7 +195,7 @@ class LogReader:
         skipped = 0
         values: list[str | None] = []
         try:
-            for block in blocks(text, first, stats):
+            for block in blocks:
                 start = n
                 seen = None  # the time text of the run (each block starts its own runs)
                 out: list[Run] = []
@@ -294,9 +215,11 @@ class LogReader:
                     for _, users in out:
                         users[:] = [None if u == "-" else u for u in users]
                 stats.lines = n  # the progress bar reads it
+                stats.bytes_read = blocks.chars
                 yield out
         finally:
             stats.lines = n
+            stats.bytes_read = blocks.chars
             stats.parsed += n - begun - skipped
 
     def _time_of(self, when: str, bad: str, n: int, block: str, i: int) -> float | None:
@@ -304,7 +227,7 @@ class LogReader:
         format (then ``bad`` is its text) or its time is not a time (both counted bad)."""
         if not when:
             if bad.strip():  # a blank line is not a bad one
-                self.stats.bad(n, bad, "not in combined log format")
+                self._bad_line(n, bad, "not in combined log format")
             return None
         try:
             return self.time(when)
@@ -315,74 +238,62 @@ class LogReader:
             self.stats.bad(n, line, f"time {when!r} is not [dd/Mon/yyyy:HH:MM:SS +zone]")
             return None
 
-    def _jsonl(self, first: str, lines: Iterator[str]) -> Iterator[Entry]:
-        stats = self.stats
-        for line in _chain(first, self._count(lines)):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                stats.bad(stats.lines, line.rstrip("\n"), f"not JSON: {exc}")
-                continue
-            if not isinstance(obj, dict):
-                stats.bad(stats.lines, line.rstrip("\n"), "not a JSON object")
-                continue
-            entry = self._entry({k: _text(v) for k, v in obj.items()}, line)
-            if entry is not None:
-                yield entry
+    def _bad_line(self, n: int, line: str, why: str) -> None:
+        """Count line ``n`` bad: an overlong line's stand-in says its own why."""
+        if line.startswith(OVERLONG) and self._blocks is not None:
+            found = self._blocks.overlong_reason(line)
+            if found is not None:
+                line, why = found
+        self.stats.bad(n, line.rstrip("\r"), why)
 
-    def _csv(self, first: str, lines: Iterator[str]) -> Iterator[Entry]:
-        header = next(csv.reader([first]))
-        for row in csv.reader(self._count(lines)):
-            if not row:
-                continue
-            if len(row) != len(header):
-                self.stats.bad(
-                    self.stats.lines,
-                    ",".join(row),
-                    f"{len(row)} columns; the header has {len(header)}",
-                )
-                continue
-            entry = self._entry(dict(zip(header, row, strict=True)), ",".join(row))
-            if entry is not None:
-                yield entry
-
-    def _entry(self, fields: dict[str, str], line: str) -> Entry | None:
+    def _lines(self, fmt: LineFormat, blocks: Iterable[str]) -> Iterator[Entry]:
+        """Entries of a format read a line at a time."""
         stats = self.stats
-        for name, source in self.aliases.items():
-            if source in fields:
-                fields[name] = fields[source]
-        for name, spellings in KNOWN_ALIASES.items():
-            if name not in fields:
-                for s in spellings:
-                    if s in fields:
-                        fields[name] = fields[s]
-                        break
+        aliases = self.aliases.items()
         time_field = self.time_field
-        if time_field is None:
-            time_field = next((f for f in TIME_FIELDS if f in fields), None)
-            if time_field is None:
-                stats.bad(
-                    stats.lines,
-                    line.rstrip("\n"),
-                    f"no time field (tried {', '.join(TIME_FIELDS)}; use --time-field)",
-                )
-                return None
-        raw = fields.get(time_field)
+        parse = fmt.parse
+        n = stats.lines
         try:
-            t = self.time(raw) if raw is not None else None
-        except ValueError:
-            t = None
-        if t is None:
-            stats.bad(
-                stats.lines,
-                line.rstrip("\n"),
-                f"time field {time_field!r} is missing or not a time",
-            )
-            return None
-        stats.parsed += 1
-        return Entry(t, fields)
+            for block in blocks:
+                lines = block.split("\n")
+                lines.pop()  # the block ends with a newline
+                for line in lines:
+                    n += 1
+                    if not line or line.isspace():
+                        continue
+                    try:
+                        if line[0] == "\x00":
+                            raise Bad("not a request")
+                        got = parse(line)
+                    except Bad as exc:
+                        self._bad_line(n, line, str(exc))
+                        continue
+                    if got is None:
+                        continue
+                    fields, when = got
+                    for name, source in aliases:
+                        if source in fields:
+                            fields[name] = fields[source]
+                    if time_field is not None:  # W3C and ALB logs too
+                        when = fields.get(time_field)
+                    if when is None:
+                        tried = time_field or "the format's time fields"
+                        self._bad_line(n, line, f"no time field ({tried}; use --time-field)")
+                        continue
+                    try:
+                        t = self.time(when)
+                    except ValueError:
+                        self._bad_line(n, line, f"time {when[:40]!r} is not a time")
+                        continue
+                    stats.parsed += 1
+                    if not self.field_names:
+                        self.field_names = list(fields)
+                    yield Entry(t, fields)
+                stats.lines = n
+                if isinstance(blocks, Blocks):
+                    stats.bytes_read = blocks.chars
+        finally:
+            stats.lines = n
 
 
 def _grouped(entries: Iterator[Entry], name: str) -> Iterator[list[Run]]:
@@ -403,16 +314,3 @@ def _grouped(entries: Iterator[Entry], name: str) -> Iterator[list[Run]]:
         lines += 1
     if out:
         yield out
-
-
-def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
-    yield first
-    yield from rest
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    return str(value)

@@ -1,10 +1,12 @@
-"""``simulate``: read the logs, set the clock from each line, let the target decide, report.
+"""``simulate``: read the logs, put their lines in time order, set the clock from each line,
+let the target decide, report.
 
-The clock is a ``ManualClock`` set to each line's time; lines are replayed in file order (a
-line older than the one before is decided at its own time, as a server with a lagging clock
-would be). A target keyed on one field (``decide_run``, the candidates) is given runs of
-lines of one time with that field of each (``LogReader.runs``); the others are given each
-line's ``Entry``. The report is plain data (``Report.to_json``), rendered by ``render``.
+Every log is opened at once; each is read by its own ``LogReader`` (its own format and
+counts) through a reorder buffer, and the files are merged by time (``order``). The clock is
+a ``ManualClock`` set to each line's time. A target keyed on one field (``fast_field``: the
+candidates) is given runs of lines of one time with that field of each (``LogReader.runs``);
+the others are given each line's ``Entry``. After the replay the suggestions are worked out
+from each limit's demand (``suggest``, ``advice``). The report is plain data (``report``).
 """
 
 from __future__ import annotations
@@ -12,14 +14,26 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..clock import ManualClock
-from .logs import LogReader, LogStats, open_log
+from .advice import advise
+from .lines import MAX_LINE, open_log
+from .logs import Entry, LogReader, LogStats, Run
+from .order import (
+    DEFAULT_WINDOW,
+    Keyed,
+    merged_entries,
+    merged_runs,
+    ordered_entries,
+    ordered_runs,
+)
+from .report import LogFile, Report, bucket_seconds
 from .stats import LimitStats
-from .suggest import quantiles, suggest
+from .suggest import quantiles
 
 DEFAULT_SHARE = 0.001
 PROGRESS_LINES = 65536
@@ -40,125 +54,82 @@ class Options:
     top: int = 10
     suggest: bool = True
     progress: bool = False
-
-
-@dataclass(slots=True)
-class Report:
-    """Everything ``simulate`` found."""
-
-    log: LogStats
-    limits: list[LimitStats]
-    left_out: list[str]
-    mode: str
-    share: float
-    elapsed: float
-    first: float | None
-    last: float | None
-    suggestions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    top: int = 10
-    suggest_seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data (what ``--json`` prints)."""
-        return {
-            "lines": self.log.lines,
-            "parsed": self.log.parsed,
-            "unparsable": self.log.unparsable,
-            "unparsable_samples": [
-                {"line": n, "text": t, "why": w} for n, t, w in self.log.samples
-            ],
-            "first": self.first,
-            "last": self.last,
-            "mode": self.mode,
-            "share": self.share,
-            "seconds": round(self.elapsed, 3),
-            "suggest_seconds": round(self.suggest_seconds, 3),
-            "lines_per_second": round(self.log.lines / self.elapsed) if self.elapsed else None,
-            "left_out": self.left_out,
-            "limits": [self._limit(s) for s in self.limits],
-        }
-
-    def _limit(self, s: LimitStats) -> dict[str, Any]:
-        requests = s.requests
-        top = sorted(s.rejected_keys.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top]
-        return {
-            "name": s.name,
-            "rate": "; ".join(r.code for r in s.rates) or "computed per request",
-            "algorithm": s.algorithm,
-            "requests": requests,
-            "outcomes": dict(sorted(s.outcomes.items())),
-            "would_reject": s.would_reject,
-            "share": s.would_reject / requests if requests else 0.0,
-            "keys": s.keys_seen,
-            "keys_rejected": len(s.rejected_keys),
-            "top_keys": [{"key": k, "rejections": n} for k, n in top],
-            "timeline": [
-                {"minute": m * 60, "requests": b[0], "would_reject": b[1]}
-                for m, b in sorted(s.timeline.items())
-            ],
-            "rates": self.suggestions.get(s.name, []),
-        }
+    window: float = DEFAULT_WINDOW
+    """Seconds a line may lag the newest line of its file before it (``order``)."""
+    max_line: int = MAX_LINE
 
 
 def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = None) -> Report:
-    """Run every log through ``target`` (a ``ChecksTarget`` or ``ServiceTarget``)."""
+    """Run every log through ``target`` (a ``ChecksTarget``, ``ServiceTarget`` or
+    ``CandidatesTarget``)."""
     clock: ManualClock = target.clock
     if options.suggest:
         for stats in target.limits.values():
             stats.track_demand()
-    reader = LogReader(options.fmt, options.time_field, options.aliases)
+    name = getattr(target, "fast_field", None)
+    files: list[LogFile] = []
     started = time.perf_counter()
     first = last = None
-    bar = _Progress(progress, options.logs) if progress is not None else None
-    decide_run = getattr(target, "decide_run", None)
-    stats = reader.stats
-    shown = 0
-    for path in options.logs:
-        with open_log(path) as stream:
-            if decide_run is not None:  # the fast path: one key field, runs of one time
-                for batch in reader.runs(stream, target.field):
-                    if batch:
-                        if first is None:
-                            first = batch[0][0]
-                        last = batch[-1][0]
-                    for t, keys in batch:
-                        clock._now = t
-                        decide_run(t, int(t * 1000 + 0.5), keys)
-                    if bar is not None and stats.lines - shown >= PROGRESS_LINES:
-                        shown = stats.lines
-                        bar.show(stats)
-                continue
+    with ExitStack() as stack:
+        runs: list[Iterator[list[Run]]] = []
+        entries: list[Iterator[Keyed]] = []
+        for path in options.logs:
+            stream = stack.enter_context(open_log(path))
+            reader = LogReader(options.fmt, options.time_field, options.aliases, options.max_line)
+            f = LogFile(path, reader)
+            files.append(f)
+            if name is not None:
+                runs.append(ordered_runs(reader.runs(stream, name), options.window, f.skew))
+            else:
+                entries.append(ordered_entries(reader.read(stream), options.window, f.skew))
+        bar = _Progress(progress, options.logs, files) if progress is not None else None
+        if name is not None:
+            decide_run = target.decide_run
+            for batch in merged_runs(runs):
+                if first is None:
+                    first = batch[0][0]
+                last = batch[-1][0]
+                for t, keys in batch:
+                    clock._now = t  # ManualClock.set without its lock: one thread replays
+                    decide_run(t, int(t * 1000 + 0.5), keys)
+                if bar is not None:
+                    bar.tick()
+        else:
             decide = target.decide
-            for entry in reader.read(stream):
+            entry: Entry
+            for i, entry in enumerate(merged_entries(entries)):
                 t = entry.time
                 if first is None:
                     first = t
                 last = t
-                clock._now = t  # ManualClock.set without its lock: one thread replays
+                clock._now = t
                 decide(entry, int(t * 1000 + 0.5))
-                if bar is not None and stats.lines - shown >= PROGRESS_LINES:
-                    shown = stats.lines
-                    bar.show(stats)
+                if bar is not None and not i % 4096:
+                    bar.tick()
     elapsed = time.perf_counter() - started
     if bar is not None:
-        bar.done(reader.stats)
+        bar.done()
     report = Report(
-        reader.stats, list(target.limits.values()), list(target.left_out), mode,
-        options.share, elapsed, first, last, top=options.top,
+        files, list(target.limits.values()), list(target.left_out), mode, options.share,
+        elapsed, first, last, options.window, top=options.top,
     )  # fmt: skip
-    if options.suggest:
-        began = time.perf_counter()
+    try:
+        if options.suggest:
+            began = time.perf_counter()
+            for stats in report.limits:
+                report.suggestions[stats.name] = _suggestions(stats, options)
+                report.timelines[stats.name] = _timelines(report, stats)
+            report.suggest_seconds = time.perf_counter() - began
+    finally:
         for stats in report.limits:
-            report.suggestions[stats.name] = _suggestions(stats, options)
-        report.suggest_seconds = time.perf_counter() - began
-    for stats in report.limits:
-        for d in stats.demand:
-            d.close()
+            for d in stats.demand:
+                d.close()
     return report
 
 
 def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
     out = []
+    requests = stats.requests
     for rate, demand in zip(stats.rates, stats.demand, strict=True):
         per_algorithm = []
         peak: dict[str, float] = {}
@@ -166,18 +137,16 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
             needs = demand.needs(algorithm, stats.buckets)
             if algorithm == stats.algorithm or not peak:
                 peak = quantiles(needs)
-            s = suggest(needs, options.share, algorithm, rate.period)
-            per_algorithm.append(
-                {
-                    "algorithm": s.algorithm,
-                    "peak": _finite(quantiles(needs)),
-                    "count": s.count,
-                    "rate": s.rate,
-                    "limited_keys": s.limited_keys,
-                    "allowed_keys": s.allowed_keys,
-                    "distribution": _histogram(needs),
-                }
+            advice = advise(
+                demand, needs, algorithm, rate.period, options.share, stats.buckets, requests
             )
+            advice["peak"] = _finite(quantiles(needs))
+            advice["distribution"] = _histogram(needs)
+            advice["candidate"] = {
+                "count": rate.count,
+                "limited_keys": sum(1 for n in needs if n > rate.count),
+            }
+            per_algorithm.append(advice)
         out.append(
             {
                 "rate": rate.code,
@@ -189,31 +158,65 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
     return out
 
 
+def _timelines(report: Report, stats: LimitStats) -> dict[str, Any]:
+    """Requests per timeline bucket of the limit's top keys (from its first rate's demand)."""
+    if not stats.demand:
+        return {}
+    demand = stats.demand[0]
+    kids = {demand.ids[k]: k for k in report.top_keys(stats) if k in demand.ids}
+    bucket = bucket_seconds(report.first, report.last)
+    counts = demand.timelines(kids, bucket * 1000)
+    return {kids[k]: c for k, c in counts.items()}
+
+
 def _finite(values: dict[str, float]) -> dict[str, int | None]:
     """Quantiles as JSON: whole counts, None past the largest count the algorithm takes."""
     return {k: (None if math.isinf(v) else int(v)) for k, v in values.items()}
 
 
 def _histogram(needs: list[float]) -> list[list[float | None]]:
-    """Keys per need, in powers-of-two bins: ``[[upper bound, keys], ...]`` (None: above
-    the largest count the algorithm takes)."""
+    """Keys per need, in powers-of-two bins, every bin from 1 to the largest need's
+    (empty ones too: the chart's scale stays even): ``[[upper bound, keys], ...]`` (None:
+    above the largest count the algorithm takes)."""
     bins: dict[int, int] = {}
     for n in needs:
         b = 0 if n <= 1 else math.ceil(math.log2(n)) if not math.isinf(n) else 64
         bins[b] = bins.get(b, 0) + 1
-    return [[float(2**b) if b < 64 else None, c] for b, c in sorted(bins.items())]
+    if not bins:
+        return []
+    finite = [b for b in bins if b < 64]
+    top = max(finite) if finite else 0
+    out: list[list[float | None]] = [[float(2**b), bins.get(b, 0)] for b in range(top + 1)]
+    if 64 in bins:
+        out.append([None, bins[64]])
+    return out
 
 
 class _Progress:
-    """A one-line progress bar on stderr (by bytes read, when the logs are files)."""
+    """A one-line progress bar on stderr (by characters read, when the logs are files)."""
 
-    def __init__(self, out: IO[str], logs: Sequence[str]) -> None:
+    def __init__(self, out: IO[str], logs: Sequence[str], files: list[LogFile]) -> None:
         import os
 
         self.out = out
+        self.files = files
         self.total = sum(os.path.getsize(p) for p in logs if p != "-" and os.path.isfile(p))
         self.gzip = any(p.endswith(".gz") for p in logs)
         self.started = time.perf_counter()
+        self.shown = 0
+
+    def _stats(self) -> LogStats:
+        total = LogStats()
+        for f in self.files:
+            total.lines += f.reader.stats.lines
+            total.bytes_read += f.reader.stats.bytes_read
+        return total
+
+    def tick(self) -> None:
+        stats = self._stats()
+        if stats.lines - self.shown >= PROGRESS_LINES:
+            self.shown = stats.lines
+            self.show(stats)
 
     def show(self, stats: LogStats, end: str = "\r") -> None:
         seconds = time.perf_counter() - self.started
@@ -226,8 +229,8 @@ class _Progress:
         self.out.write(text + end)
         self.out.flush()
 
-    def done(self, stats: LogStats) -> None:
-        self.show(stats, end="\n")
+    def done(self) -> None:
+        self.show(self._stats(), end="\n")
 
 
 def progress_stream(wanted: bool | None) -> IO[str] | None:
@@ -235,6 +238,3 @@ def progress_stream(wanted: bool | None) -> IO[str] | None:
     if wanted is None:
         wanted = sys.stderr.isatty()
     return sys.stderr if wanted else None
-
-
-Render = Callable[[Report], str]

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import tempfile
 from array import array
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from itertools import chain, compress
 from typing import IO, Any, cast
@@ -73,15 +74,16 @@ class Demand:
         self._extra.append(0)
         return kid
 
-    def add(self, key: str, now_ms: int, cost: int) -> None:
-        """One request of ``key``."""
+    def add(self, key: str, now_ms: int, cost: int, refunded: bool = False) -> None:
+        """One request of ``key``; ``refunded``: its charge is given back once answered (it
+        must still fit when it arrives). Stored as a negative cost."""
         kid = self.ids.get(key)
         if kid is None:
             kid = self._new(key)
         self.counts[kid] += 1
         self._extra[kid] += cost - 1
         buf = self._buffer
-        buf.extend((kid, now_ms, cost))
+        buf.extend((kid, now_ms, -cost if refunded else cost))
         if len(buf) >= CHUNK:
             self._spool.write(buf.tobytes())
             del buf[:]
@@ -133,11 +135,9 @@ class Demand:
         hi = totals  # the smallest count known not to, once checked
         plan = [_TOTAL] * size  # which count each key tries next
         guess = [0] * size
-        step = module.step
+        step, refund = module.step, module.refund
         ceiling = _ceiling(module)
-        if self._buffer:
-            self._spool.write(self._buffer.tobytes())
-            del self._buffer[:]
+        self._flush()
         source: IO[bytes] = self._spool  # the events; later only those of unsettled keys
         held = sum(self.counts)
         try:
@@ -157,7 +157,12 @@ class Demand:
                     events = iter(chunk)
                     for k, now, cost in zip(events, events, events, strict=True):
                         if ok[k]:
-                            outcome, new = step(states[k], lims[k], now, cost, True)
+                            if cost < 0:  # charged, then given back once answered
+                                outcome, new = step(states[k], lims[k], now, -cost, True)
+                                if outcome[0]:
+                                    new = refund(new, lims[k], now, -cost)
+                            else:
+                                outcome, new = step(states[k], lims[k], now, cost, True)
                             if outcome[0]:
                                 states[k] = new
                                 if outcome[1] < least[k]:
@@ -178,6 +183,50 @@ class Demand:
             if source is not self._spool:
                 source.close()
         return [math.inf if h >= ceiling else float(h) for h in hi]
+
+    def rejected_at(
+        self, algorithm: str, count: int, kids: Collection[int], buckets: int | None = None
+    ) -> dict[int, int]:
+        """Requests of each key of ``kids`` that ``count`` per period rejects (one pass
+        over the events; a key's decisions depend on its own requests only)."""
+        module: Any = ALGORITHMS[algorithm]
+        options = {"buckets": buckets} if buckets and "buckets" in module.OPTIONS else {}
+        try:
+            limit = module.make_limit(Rate(count, self.period_ms / 1000), options)
+        except ValueError:  # past the algorithm's largest count: nothing fits a stricter one
+            return {}
+        step, refund = module.step, module.refund
+        wanted = set(kids)
+        states: dict[int, Any] = {}
+        out = dict.fromkeys(wanted, 0)
+        self._flush()
+        for chunk in _chunks(self._spool):
+            events = iter(chunk)
+            for k, now, cost in zip(events, events, events, strict=True):
+                if k in wanted:
+                    outcome, new = step(states.get(k), limit, now, abs(cost), True)
+                    if outcome[0]:
+                        states[k] = refund(new, limit, now, -cost) if cost < 0 else new
+                    else:
+                        out[k] += 1
+        return out
+
+    def timelines(self, kids: Collection[int], bucket_ms: int) -> dict[int, Counter[int]]:
+        """Requests of each key of ``kids`` per ``bucket_ms`` (bucket = time // bucket_ms)."""
+        wanted = set(kids)
+        out: dict[int, Counter[int]] = {k: Counter() for k in wanted}
+        self._flush()
+        for chunk in _chunks(self._spool):
+            events = iter(chunk)
+            for k, now, _ in zip(events, events, events, strict=True):
+                if k in wanted:
+                    out[k][now // bucket_ms] += 1
+        return out
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._spool.write(self._buffer.tobytes())
+            del self._buffer[:]
 
     def close(self) -> None:
         self._spool.close()

@@ -24,13 +24,16 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 from ..algorithms import Algorithm, Limit
 from ..clock import ManualClock
+from ..decision import Decision
 from ..errors import ConfigError
 from ..middleware.checks import Check, Controls, RateCheck
-from ..middleware.gate import Admission, run
+from ..middleware.gate import Admission, Op, run
 from ..middleware.request import RequestInfo
 from ..middleware.wsgi import WSGIRateLimitMiddleware
 from ..stores.memory import MemoryStore
@@ -81,6 +84,8 @@ def load_checks(spec: str) -> list[Check]:
 class ChecksTarget:
     """Middleware checks through the WSGI middleware's own gate (see the module docstring)."""
 
+    fast_field = None
+
     def __init__(self, checks: Sequence[Check], clock: ManualClock, mode: str) -> None:
         self.rate_checks = [c for c in checks if isinstance(c, RateCheck)]
         self.left_out = [c.name for c in checks if not isinstance(c, RateCheck)]
@@ -96,88 +101,144 @@ class ChecksTarget:
             _no_app, self.rate_checks, store=MemoryStore(max_keys=UNBOUNDED), clock=clock,
             controls=Controls(default=mode), metrics=self.recorder,
         )  # fmt: skip
-        self._demand = [(c, self.limits[c.name]) for c in self.rate_checks]
+        self._demand = [(i, c, self.limits[c.name]) for i, c in enumerate(self.rate_checks)]
+        self._windows: list[tuple[int, str, str]] = []
+        """(check position, store key, rate) of the hits rejected in this request."""
 
     def decide(self, entry: Entry, now_ms: int) -> None:
         request = request_of(entry.fields)
         mw = self.middleware
         gate = mw.gate
         adm = Admission()
-        run(gate.admit(request, adm), mw.execute)
-        status = entry.fields.get("status")
-        for op in gate.finish(adm, int(status) if status and status.isdigit() else 200):
+        run(gate.admit(request, adm), self._execute)
+        status_text = entry.fields.get("status")
+        status = int(status_text) if status_text and status_text.isdigit() else 200
+        for op in gate.finish(adm, status):
             mw.execute(op)
-        for check, stats in self._demand:
+        if self._windows:
+            for position, stored, window in self._windows:
+                name = self.rate_checks[position].name
+                self.limits[name].windowed(stored[len(name) + 1 :], window)
+            self._windows.clear()
+        for position, check, stats in self._demand:
             if check.where.applies(request):
                 key = check.key(request)
                 if key is not None:
-                    stats.wanted(key, now_ms, check.cost_of(request))
+                    refunded = not gate.keeps(position, status)
+                    stats.wanted(key, now_ms, check.cost_of(request), refunded)
+
+    def _execute(self, op: Op) -> Any:
+        """The middleware's executor, noting which rate of a stack rejected a hit."""
+        result = self.middleware.execute(op)
+        if op.kind == "hit" and isinstance(result, Decision) and not result.allowed:
+            self._windows.append((op.position, op.key, result.rate.code))
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A limit given on the command line: its rate, the field keying it, its algorithm."""
+
+    rate: str
+    key: str = "ip"
+    algorithm: str = "fixed_window"
+    burst: int | None = None
+    buckets: int | None = None
 
 
 class CandidatesTarget:
     """Candidate limits side by side, each decided on every request by ``Limiter.hit``
     (``decide``) or by the store call that ``Limiter.hit`` makes for one rate on a memory
-    store, ``MemoryStore.hit_one``, with the same policy (``decide_run``, the fast path)."""
+    store, ``MemoryStore.hit_one``, with the same policy (``decide_run``, the fast path,
+    when every candidate is keyed by the same field: ``fast_field``)."""
 
     def __init__(
-        self, limits: Mapping[str, str], field: str, algorithm: str, clock: ManualClock
+        self,
+        limits: Mapping[str, str | Candidate],
+        field: str,
+        algorithm: str,
+        clock: ManualClock,
     ) -> None:
         from ..limiter import Limiter
         from ..plan import make_policy
 
-        self.field = field
         self.left_out: list[str] = []
         self.clock = clock
         self.limits: dict[str, LimitStats] = {}
         self._runs = []
         self._fast: list[tuple[MemoryStore, str, Algorithm, Limit] | None] = []
-        for name, rate in limits.items():
-            policy = make_policy(rate, algorithm, None, None)  # names a bad rate or algorithm
-            stats = self.limits[name] = LimitStats(name, policy.rates, algorithm)
+        fields = set()
+        for name, spec in limits.items():
+            c = Candidate(spec, field, algorithm) if isinstance(spec, str) else spec
+            policy = make_policy(c.rate, c.algorithm, c.burst, c.buckets)  # names what is bad
+            stats = self.limits[name] = LimitStats(
+                name, policy.rates, c.algorithm, c.buckets, key=c.key
+            )
             store = MemoryStore(max_keys=UNBOUNDED)
-            limiter = Limiter(store, clock=clock)
-            self._runs.append((limiter.hit, rate, algorithm, stats))
+            hit = partial(
+                Limiter(store, clock=clock).hit,
+                rate=policy.rates, algorithm=c.algorithm, burst=c.burst, buckets=c.buckets,
+            )  # fmt: skip
+            self._runs.append((hit, c.key, stats))
+            fields.add(c.key)
             if len(policy.limits) == 1:  # what Limiter.hit's fast path decides
                 self._fast.append((store, policy.slots[0], policy.algorithm, policy.limits[0]))
             else:
                 self._fast.append(None)
+        self.fast_field = fields.pop() if len(fields) == 1 else None
+        """The one field every candidate is keyed by (None: they differ, no fast path)."""
 
     def decide(self, entry: Entry, now_ms: int) -> None:
-        key = entry.fields.get(self.field)
-        if not key:
-            return
+        fields = entry.fields
         now = entry.time
-        for hit, rate, algorithm, stats in self._runs:
-            d = hit(key, rate, algorithm=algorithm)
+        for hit, name, stats in self._runs:
+            key = fields.get(name)
+            if not key:
+                stats.key_missing += 1
+                continue
+            d = hit(key)
             stats.decided("allowed" if d.allowed else "rejected", key, now)
+            if not d.allowed:
+                stats.windowed(key, d.rate.code)
             stats.wanted(key, now_ms, 1)
 
     def decide_run(self, now: float, now_ms: int, fields: list[str | None]) -> None:
         """``decide`` for consecutive lines of one time, given the key field of each."""
         if None in fields or "" in fields:
             keys = [k for k in fields if k]
+            missing = len(fields) - len(keys)
+            for _, _, stats in self._runs:
+                stats.key_missing += missing
             if not keys:
                 return
         else:
             keys = cast(list[str], fields)
-        for (hit, rate, algorithm, stats), fast in zip(self._runs, self._fast, strict=True):
+        for (hit, _, stats), fast in zip(self._runs, self._fast, strict=True):
             rejected: list[str] = []
             if fast is None:  # several rates: Limiter.hit's general path
+                windows = []
                 for key in keys:
-                    if not hit(key, rate, algorithm=algorithm).allowed:
+                    d = hit(key)
+                    if not d.allowed:
                         rejected.append(key)  # the twin of the loop below
+                        windows.append((key, d.rate.code))
+                stats.decided_run(now, len(keys), rejected)
+                for key, window in windows:
+                    stats.windowed(key, window)
             else:
                 store, slot, step, limit = fast
                 hit_one = store.hit_one
                 for key in keys:
                     if not hit_one(slot, key, step, limit, now_ms, 1)[0]:
                         rejected.append(key)  # a comprehension is slower
-            stats.decided_run(now, len(keys), rejected)
+                stats.decided_run(now, len(keys), rejected)
             stats.wanted_run(keys, now_ms)
 
 
 class ServiceTarget:
     """The service's engine over a memory store (see the module docstring)."""
+
+    fast_field = None
 
     def __init__(
         self,
@@ -209,7 +270,13 @@ class ServiceTarget:
         self.left_out = sorted(config.concurrency)
         self.limits: dict[str, LimitStats] = {}
         for name, spec in config.policies.items():
-            self.limits[name] = LimitStats(name, spec.policy.rates, spec.algorithm, spec.buckets)
+            self.limits[name] = LimitStats(
+                name,
+                spec.policy.rates,
+                spec.algorithm,
+                spec.buckets,
+                key=keys.get(name, "descriptor"),
+            )
         self.clock = clock
         limits = self.limits
 
@@ -230,9 +297,14 @@ class ServiceTarget:
         engine = self.engine
         for name, field_name in self.keys.items():
             key = fields.get(field_name)
+            stats = self.limits[name]
             if key:
-                _complete(engine.hit(engine.spec(name), key, 1))
-                self.limits[name].wanted(key, now_ms, 1)
+                result = _complete(engine.hit(engine.spec(name), key, 1))
+                if result.shadow or not result.decision.allowed:
+                    stats.windowed(key, result.decision.rate.code)
+                stats.wanted(key, now_ms, 1)
+            else:
+                stats.key_missing += 1
         for domain, mapping in self.descriptors.items():
             entries = tuple((k, fields[f]) for k, f in mapping if fields.get(f))
             if not entries:
@@ -242,7 +314,10 @@ class ServiceTarget:
                 result = status.result
                 if result is not None and result.policy in self.limits:
                     key = self._envoy_key(domain, entries)
-                    self.limits[result.policy].wanted(key, now_ms, 1)
+                    stats = self.limits[result.policy]
+                    if result.shadow or not result.decision.allowed:
+                        stats.windowed(key, result.decision.rate.code)
+                    stats.wanted(key, now_ms, 1)
 
 
 def _complete(coro: Coroutine[Any, Any, Any]) -> Any:

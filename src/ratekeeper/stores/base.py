@@ -9,6 +9,10 @@ that carry a caller key but no plan (leases: the concurrency limiter's breakers)
 is optional too: an in-process store (``MemoryStore``) that can take a one-rate hit without a
 ``Plan``, which the limiters use as their fast path. ``QueuingStore``: a batching store that
 can queue a plan and answer through a future, so a caller waits by callback, not a coroutine.
+``SliceStore``: a store that answers some one-rate hits in process, from budget it took
+ahead (``LocalBudget``'s slices), and sends the others the full way (``spend_one`` answers
+None). ``FailLocalStore``: a store that can decide a plan without its backend when that
+cannot be asked (fail-local), instead of the limiter failing open or closed.
 ``Pingable``/``AsyncPingable``: a store that can be checked at startup (every built-in store;
 ``Limiter.check`` uses it). Stores wrap their driver's errors in ``StoreUnavailable``
 (``raise ... from exc``).
@@ -81,6 +85,28 @@ class LocalStore(Protocol):
         self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
     ) -> Outcome:
         """The outcome ``execute`` would give for a ``hit`` plan of one rate."""
+        ...
+
+
+@runtime_checkable
+class SliceStore(Protocol):
+    """A store that answers a one-rate hit in process when it holds the budget for it."""
+
+    def spend_one(
+        self, slot: str, key: str, algorithm: Algorithm, limit: Limit, now: int, cost: int
+    ) -> Outcome | None:
+        """The outcome ``execute`` would give for a ``hit`` plan of one rate, when it needs no
+        I/O; None when the plan must be executed."""
+        ...
+
+
+@runtime_checkable
+class FailLocalStore(Protocol):
+    """A store that decides in process when its backend cannot be asked."""
+
+    def fail_local(self, plan: Plan) -> tuple[Outcome, ...] | None:
+        """``plan``'s outcomes decided without the backend (the limiter marks the decision
+        degraded; ``()`` for a refund or reset), or None: fail open or closed as configured."""
         ...
 
 

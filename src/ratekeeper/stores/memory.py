@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ..algorithms import Algorithm, Limit, Outcome
 from ..algorithms.base import COUNT_REJECTED
@@ -31,6 +32,7 @@ from ..plan import Plan, run_stack
 from .leases import MemoryLeases
 
 _Entry = tuple[int, Any]  # (expires_ms, state)
+_R = TypeVar("_R")
 
 
 class MemoryStore:
@@ -144,6 +146,35 @@ class MemoryStore:
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
+
+    def transact(
+        self,
+        keys: Sequence[tuple[str, str]],
+        now_ms: int,
+        change: Callable[[list[Any]], tuple[_R, Sequence[_Entry | None] | None]],
+    ) -> _R:
+        """Run ``change`` over the live states of ``keys`` ((slot, caller key) pairs; None
+        when missing) under the lock: an atomic read-modify-write, what a Lua script is to
+        Redis (``local_budget``'s slices and heartbeats run here in process). ``change``
+        returns its result and, per key, the entry to write ((expires_ms, state); None, or an
+        expiry not after ``now_ms``, deletes), or None to write nothing."""
+        with self._lock:
+            data = self._data
+            states = []
+            for k in keys:
+                entry = data.get(k)
+                if entry is not None and entry[0] <= now_ms:
+                    del data[k]
+                    entry = None
+                states.append(None if entry is None else entry[1])
+            result, writes = change(states)
+            if writes is not None:
+                for k, write in zip(keys, writes, strict=True):
+                    if write is None or write[0] <= now_ms:  # ended: the same as no state
+                        data.pop(k, None)
+                    else:
+                        self._write(k, write[0], write[1], now_ms)
+            return result
 
     def ping(self) -> None:
         """Always answers (in-process); here so every store can be checked the same way."""

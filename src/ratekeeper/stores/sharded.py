@@ -177,6 +177,10 @@ class ShardedRedisStore:
         """The index of the shard that owns caller key ``key`` (``KeyPartitioned``)."""
         return self.placement.owner(encode_tag(key))
 
+    def primary_of(self, key: str) -> RedisStore:
+        """The primary of the shard that owns ``key`` (for state kept beside the counters)."""
+        return self._nodes[self.partition_key(key)].primary
+
     def execute(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan on its shard: writes on the primary, ``peek`` on a replica if any."""
         node = self._nodes[self.partition(plan)]

@@ -1,0 +1,215 @@
+"""One log gives the same decisions whatever order its lines come in: in file order
+(completion order, as Apache writes), sorted, reversed in chunks, split across rotated files
+given in any order, or as two servers' logs — as long as no line is further behind than the
+skew window. Lines further behind are late: counted, shown, never decided."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratekeeper import ManualClock
+from ratekeeper.cli import main
+from ratekeeper.middleware import RateCheck, keys
+from ratekeeper.simulate.order import Skew, ordered_runs
+from ratekeeper.simulate.replay import Options, replay
+from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
+
+START = 1_700_000_000
+
+
+@dataclass(frozen=True)
+class Request:
+    arrived: int  # whole seconds: the combined format's resolution
+    done: float
+    ip: str
+    path: str
+    status: int
+    server: str
+
+    def line(self, skew: int = 0) -> str:
+        when = datetime.fromtimestamp(self.arrived + skew, UTC).strftime("%d/%b/%Y:%H:%M:%S +0000")
+        return (
+            f'{self.ip} - - [{when}] "GET {self.path} HTTP/1.1" {self.status} 512 "-" '
+            f'"{self.server}"\n'
+        )
+
+
+def traffic(seed: int, seconds: int = 900) -> list[Request]:
+    """Ordinary clients and three bursty heavy ones, answered by two servers; most requests
+    take under a second, some up to a minute (so lines land up to 60 s late)."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(seconds):
+        t = START + s
+        n = [f"10.0.{i // 250}.{i % 250}" for i in range(300) if rng.random() < 0.02]
+        n += [f"203.0.113.{i}" for i in range(3) for _ in range(rng.choice((0, 0, 1, 2, 6)))]
+        for ip in n:
+            r = rng.random()
+            took = (
+                rng.uniform(0, 1)
+                if r < 0.7
+                else rng.uniform(1, 10)
+                if r < 0.95
+                else rng.uniform(10, 60)
+            )
+            path = rng.choice(("/", "/api/items", "/login"))
+            status = 304 if rng.random() < 0.1 else 200
+            out.append(Request(t, t + took, ip, path, status, rng.choice(("a", "b"))))
+    return out
+
+
+def completion_order(requests: list[Request]) -> list[Request]:
+    return sorted(requests, key=lambda r: r.done)
+
+
+def decisions(paths: list[Path], target: Any, window: float = 180.0) -> dict[str, Any]:
+    """What the replay decided: every limit's report (not the files' own counts)."""
+    report = replay(target, Options([str(p) for p in paths], window=window), "x").to_json()
+    return {
+        "limits": report["limits"],
+        "decided": report["decided"],
+        "first": report["first"],
+        "last": report["last"],
+    }
+
+
+def candidates(algorithm: str) -> CandidatesTarget:
+    return CandidatesTarget({"per-ip": "20/minute"}, "ip", algorithm, ManualClock(0))
+
+
+def checks() -> ChecksTarget:
+    limits = [
+        RateCheck("per-ip", "20/minute", key=keys.client_ip(), algorithm="token_bucket"),
+        RateCheck("login", "3/minute", key=keys.client_ip(), routes=["/login"]),
+    ]
+    return ChecksTarget(limits, ManualClock(0), "enforce")
+
+
+def write(path: Path, lines: list[str], gz: bool = False) -> Path:
+    data = "".join(lines).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def variants(tmp_path: Path, requests: list[Request]) -> dict[str, list[Path]]:
+    """The same log's lines in every shape a real one comes in."""
+    in_file_order = [r.line() for r in completion_order(requests)]
+    by_time = sorted(requests, key=lambda r: (r.arrived, r.done))
+    out: dict[str, list[Path]] = {
+        "sorted": [write(tmp_path / "sorted.log", [r.line() for r in by_time])],
+        "completion order": [write(tmp_path / "access.log.full", in_file_order)],
+    }
+    chunks = [in_file_order[i : i + 97][::-1] for i in range(0, len(in_file_order), 97)]
+    out["reversed in chunks"] = [write(tmp_path / "chunks.log", [x for c in chunks for x in c])]
+    third = len(in_file_order) // 3
+    rotated = [
+        write(tmp_path / "access.log.2.gz", in_file_order[:third], gz=True),
+        write(tmp_path / "access.log.1", in_file_order[third : 2 * third]),
+        write(tmp_path / "access.log", in_file_order[2 * third :]),
+    ]
+    out["rotated, shell order"] = sorted(rotated)  # access.log first: the newest
+    out["rotated, oldest first"] = rotated
+    shuffled = rotated[:]
+    random.Random(5).shuffle(shuffled)
+    out["rotated, any order"] = shuffled
+    servers = []
+    for name in ("a", "b"):
+        mine = [r.line() for r in completion_order(requests) if r.server == name]
+        servers.append(write(tmp_path / f"server-{name}.log", mine))
+    out["two servers"] = servers
+    out["two servers, the other first"] = servers[::-1]
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "token_bucket", "gcra"])
+def test_every_shape_of_one_log_gives_the_same_decisions(tmp_path: Path, algorithm: str) -> None:
+    requests = traffic(1)
+    shapes = variants(tmp_path, requests)
+    want = decisions(shapes["sorted"], candidates(algorithm))
+    assert want["limits"][0]["would_reject"] > 100  # the heavy clients were limited
+    for name, paths in shapes.items():
+        assert decisions(paths, candidates(algorithm)) == want, name
+    # the test can fail: decided in file order, completion order changes the answer
+    unordered = decisions(shapes["completion order"], candidates(algorithm), window=0)
+    assert unordered["limits"] != want["limits"]
+
+
+def test_checks_decide_the_same_whatever_the_shape(tmp_path: Path) -> None:
+    """The general path (entries through the middleware's gate, 304s refunded)."""
+    shapes = variants(tmp_path, traffic(2, seconds=600))
+    want = decisions(shapes["sorted"], checks())
+    assert all(limit["would_reject"] > 20 for limit in want["limits"])
+    for name in ("completion order", "reversed in chunks", "rotated, any order", "two servers"):
+        assert decisions(shapes[name], checks()) == want, name
+
+
+def test_two_servers_with_skewed_clocks(tmp_path: Path) -> None:
+    """Server b's clock runs 20 s ahead: each file is merged by its own stamps, whatever the
+    order the files are given in, and what each file's order was is reported per file."""
+    requests = traffic(3, seconds=600)
+    paths = []
+    for name, skew in (("a", 0), ("b", 20)):
+        lines = [r.line(skew) for r in completion_order(requests) if r.server == name]
+        paths.append(write(tmp_path / f"{name}.log", lines))
+    one = replay(candidates("gcra"), Options([str(p) for p in paths]), "x").to_json()
+    other = replay(candidates("gcra"), Options([str(p) for p in paths[::-1]]), "x").to_json()
+    assert one["limits"] == other["limits"]
+    for f in one["files"]:
+        assert f["backward_steps"] > 100 and 10 < f["largest_lag_seconds"] <= 61
+        assert f["late"] == 0
+    assert one["late"] == 0 and one["decided"] == len(requests)
+
+
+def test_lines_later_than_the_window_are_counted_shown_and_not_decided(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requests = traffic(4, seconds=300)
+    lines = [r.line() for r in sorted(requests, key=lambda r: r.arrived)]
+    stray = Request(START + 10, START + 10, "198.51.100.99", "/", 200, "a").line()
+    log = write(tmp_path / "access.log", [*lines, stray])  # 290 s behind the line before it
+    report = tmp_path / "r.json"
+    code = main(["simulate", str(log), "--limit", "per-ip=20/minute", "--json", str(report),
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["late"] == 1 and data["decided"] == len(requests)
+    [sample] = data["order"]["late_samples"]
+    assert sample["time"] == START + 10 and sample["what"] == "198.51.100.99"
+    assert sample["behind_seconds"] >= 280
+    assert data["limits"][0]["requests"] == len(requests)  # the late line was not decided
+    out = capsys.readouterr().out
+    assert "1 later than that, not decided" in out and "198.51.100.99" in out
+    # a wider window decides it in its place
+    code = main(["simulate", str(log), "--limit", "per-ip=20/minute", "--json", str(report),
+                 "--no-progress", "--skew", "10m"])  # fmt: skip
+    data = json.loads(report.read_text())
+    assert data["late"] == 0 and data["limits"][0]["requests"] == len(requests) + 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_reorder_buffer_sorts_what_is_within_the_window(seed: int) -> None:
+    """Random disorder of at most ``window``: every run comes out, in time order; the steps
+    back are counted, and nothing is late."""
+    rng = random.Random(seed)
+    window = rng.choice((0.0, 1.0, 5.0, 30.0))
+    raw = [rng.uniform(0, 200) for _ in range(rng.randrange(1, 300))]
+    times = sorted(round(t) if rng.random() < 0.5 else t for t in raw)  # some of one time
+    shown = [max(0.0, t - rng.uniform(0, window)) for t in times]  # stamped up to window early
+    runs = [(t, [str(i)]) for i, t in enumerate(shown)]
+    batches = [runs[i : i + 7] for i in range(0, len(runs), 7)]
+    skew = Skew()
+    out = [run for batch in ordered_runs(batches, window, skew) for run in batch]
+    assert [t for t, _ in out] == sorted(t for t, _ in out)
+    assert {t for t, _ in out} == {t for t, _ in runs}
+    assert sorted(v for _, vs in out for v in vs) == sorted(str(i) for i in range(len(runs)))
+    steps = sum(1 for a, b in pairwise(shown) if b < a)
+    assert skew.backward == steps and skew.late == 0
