@@ -325,3 +325,46 @@ def test_fastapi_testclient_on_redis_admits_exactly_the_limit(redis_url: str) ->
     client = TestClient(app)  # runs each request on a loop of its own (anyio's portal)
     assert [client.get("/items").status_code for _ in range(8)] == [200] * 5 + [429] * 3
     assert limits.stats()["store"]["store_errors"] == 0
+
+
+@pytest.mark.parametrize("given", ["url", "client", "function"])
+def test_a_redis_plan_source_reads_from_loop_after_loop_and_from_threads(
+    redis_url: str, given: str
+) -> None:
+    import redis.asyncio
+
+    from ratekeeper.quotas import RedisSource
+
+    sync = redis.Redis.from_url(redis_url)
+    prefix = f"loops-{given}:"
+    if given == "url":
+        source = RedisSource(redis_url, prefix=prefix, socket_timeout=5)
+    elif given == "client":
+        aio = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5)
+        source = RedisSource(client=sync, async_client=aio, prefix=prefix)
+    else:
+        source = RedisSource(
+            client=sync,
+            async_client=lambda: redis.asyncio.Redis.from_url(redis_url, socket_timeout=5),
+            prefix=prefix,
+        )
+    source.set_plan("acme", "pro")
+
+    async def read() -> Any:
+        return await source.lookup_async("acme")
+
+    for _ in range(3):  # a new loop each time: a client bound to the first fails on the next
+        assert asyncio.run(read()).plan == "pro"
+    plans: list[Any] = []
+
+    def worker() -> None:
+        plans.append(asyncio.run(read()).plan)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert plans == ["pro"] * 4
+    with pytest.raises(ConfigError, match="async_client=1 is invalid"):
+        RedisSource(client=sync, async_client=1)

@@ -49,7 +49,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
@@ -79,7 +79,11 @@ from .responses import (
     decision_headers,
     rate_rejection,
     shed_rejection,
+    wants_problem,
 )
+
+if TYPE_CHECKING:
+    from ..quotas.cache import Quotas
 
 log = logging.getLogger("ratekeeper")
 
@@ -252,6 +256,8 @@ class Gate:
         *,
         asgi: bool = False,
         on_error: str = "open",
+        quotas: Quotas | None = None,
+        problem_details: bool = False,
     ) -> None:
         if isinstance(checks, CHECK_TYPES):
             checks = [checks]
@@ -290,6 +296,10 @@ class Gate:
         self._shed: dict[int, Rejection] = {}  # built once: a shed costs next to nothing
         self._asgi = asgi  # which default signal a WorkerCheck gets
         self.metrics = metrics
+        self.quotas = quotas
+        """The plans ``"plan:<limit>"`` rates name (the runners' limiters resolve them)."""
+        self.problem_details = bool(problem_details)
+        """Rate rejections as problem details (``quota-exceeded``) even when not asked."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -330,6 +340,13 @@ class Gate:
                         "each check needs its own name"
                     )
             position = len(self.checks)
+            if isinstance(check, RateCheck) and check.plan_limit:
+                if self.quotas is None:
+                    raise ConfigError(
+                        f"check {check.name!r} counts {check.rate!r}, a plan's limit, but the "
+                        "middleware has no plans; give it quotas=Quotas(plans, ...)"
+                    )
+                self.quotas.limit_name(check.rate)  # an unknown limit: refused, named
             if isinstance(check, WorkerCheck):
                 shedder = check.shedder or self._default_shedder(check)
                 self._shedders[position] = shedder
@@ -403,7 +420,7 @@ class Gate:
                     op = self.rate_op(index, check, request, adm)
                     if op is None:
                         continue
-                    verdict = self._rated(check, adm, op, _unwrap((yield op)), mode)
+                    verdict = self._rated(check, adm, op, _unwrap((yield op)), mode, request)
                 else:
                     verdict = yield from self._check(index, check, request, adm, mode)
             except UserFunctionError as err:
@@ -442,7 +459,7 @@ class Gate:
             op = self.rate_op(index, check, request, adm)
             if op is None:
                 return False
-            return self._rated(check, adm, op, _unwrap((yield op)), mode)
+            return self._rated(check, adm, op, _unwrap((yield op)), mode, request)
         if adm.tier is None:
             adm.tier = call(self.priority, request, "priority")
         if isinstance(check, FleetCheck):
@@ -459,15 +476,20 @@ class Gate:
             return True
         return self._worker(index, check, request, adm.tier)
 
-    @staticmethod
     def _rated(
-        check: RateCheck, adm: Admission, op: Op, decision: Decision, mode: str
+        self,
+        check: RateCheck,
+        adm: Admission,
+        op: Op,
+        decision: Decision,
+        mode: str,
+        request: RequestInfo,
     ) -> Rejection | bool:
         """A rate check's verdict on its decision: True (charged), or the rejection."""
         if decision.degraded:
             raise _Degraded
         if not decision.allowed:
-            return rate_rejection(check.name, decision, check.message)
+            return self._rate_rejection(check, op, decision, request)
         adm.charged.append(op)
         if mode == "enforce":
             best = adm.best
@@ -475,13 +497,27 @@ class Gate:
                 adm.best = (check.name, decision)
         return True
 
+    def _rate_rejection(
+        self, check: RateCheck, op: Op, decision: Decision, request: RequestInfo
+    ) -> Rejection:
+        """The answer to a rate check's refusal: 429, or 403 where the check or the tenant's
+        plan says so (an exhausted quota); problem details when configured or asked for."""
+        status = check.status
+        rate = op.rate
+        if self.quotas is not None and type(rate) is str and rate[:5] == "plan:":
+            status = self.quotas.status_of(op.key, rate[5:], status)
+        problem = self.problem_details or wants_problem(request.header("accept"))
+        return rate_rejection(check.name, decision, status, problem, check.message)
+
     def rate_op(
         self, index: int, check: RateCheck, request: RequestInfo, adm: Admission | None = None
     ) -> Op | None:
         """The ``hit`` the rate check at ``index`` charges ``request`` with; None where it does
-        not apply (a route or method it does not cover, a key or rate of None). The caller's
-        key is left in ``adm.key``. The check's functions are called here: one that raises, or
-        returns what is no rate or cost, raises ``UserFunctionError``."""
+        not apply (a route or method it does not cover, a key or rate of None). Its key is
+        ``<check>:<key>``, or the caller's key itself for a plan's limit (the tenant's, whose
+        counters the limit's name owns); the caller's key is left in ``adm.key``. The check's
+        functions are called here: one that raises, or returns what is no rate (nor a limit of
+        the plans) or cost, raises ``UserFunctionError``."""
         if not check.where.everywhere and not check.where.applies(request):
             return None
         try:
@@ -498,7 +534,7 @@ class Gate:
             if rate is None:
                 return None
             try:
-                to_rates(rate)
+                self.check_rate(rate)
             except Exception as exc:
                 raise UserFunctionError(check.rate, "rate", exc) from exc
         cost = check.cost
@@ -507,7 +543,21 @@ class Gate:
             if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
                 error = ConfigError(f"cost {cost!r} is invalid; expected a whole number >= 1")
                 raise UserFunctionError(check.cost, "cost", error) from error
+        if type(rate) is str and rate[:5] == "plan:":  # a plan's limit: the tenant's key
+            return Op("hit", index, key, cost, rate=rate)
         return Op("hit", index, f"{check.name}:{key}", cost, rate=rate)
+
+    def check_rate(self, rate: object) -> None:
+        """A rate function's answer is a rate, or a plan's limit the middleware's plans name."""
+        if type(rate) is str and rate[:5] == "plan:":
+            if self.quotas is None:
+                raise ConfigError(
+                    f"rate {rate!r} is a plan's limit, but the middleware has no plans; "
+                    "give it quotas=Quotas(plans, ...)"
+                )
+            self.quotas.limit_name(rate)  # an unknown limit: refused, named
+        else:
+            to_rates(rate)  # type: ignore[arg-type]  # refused unless a rate
 
     @staticmethod
     def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
