@@ -157,7 +157,6 @@ try:
 except ImportError:  # before lines.py
     from ratekeeper.simulate.logs import open_log
 from ratekeeper.simulate.logs import LogReader
-from ratekeeper.simulate.onerate import OneRate
 row, path = sys.argv[1], sys.argv[2]
 started = time.process_time()
 if row == "read":
