@@ -4,8 +4,8 @@ Servers, all started at once and loaded one at a time:
 
 - ``ceiling``: ``benchmarks/empty_service.py``: an empty ``grpc.aio`` ``ShouldRateLimit``
   handler returning a fixed response, and an empty ASGI route returning a fixed JSON
-  decision, served with the service's own settings (uvicorn config, gRPC options, uvloop);
-- ``ceil inline`` (HTTP only): the same fixed decision answered by the HTTP protocol itself,
+  decision, served with the service's own settings (its HTTP server, gRPC options, uvloop);
+- ``ceil inline`` (HTTP only): the same fixed decision answered by the HTTP connection itself,
   as ``ratekeeper serve`` answers its decision routes: the ceiling of that path;
 - ``memory``: ``ratekeeper serve`` on the memory store (gRPC on ``grpc.aio``);
 - ``memory thr`` (gRPC only): the same with ``--grpc-threads 2`` (handler threads decide);
@@ -23,7 +23,9 @@ the load: every answer is "allowed".
    decisions/s, service CPU µs per decision (all its processes, from ``/proc``), and the
    median of the per-round ratios to the ceiling (and Redis to memory; 2 workers to 1).
    "decisions per core" is decisions per CPU second of the service's processes.
-   ``--api gRPC`` (or ``HTTP``) runs one protocol only.
+   ``--api gRPC`` (or ``HTTP``) runs one protocol only. ``--base DIR`` runs the
+   ``ratekeeper serve`` rows of another checkout too (``base memory``, ...), interleaved in
+   the same rounds, and divides each row by its twin: before and after in one run.
 2. Latency (open loop) at 25, 50 and 75 % of each row's measured maximum (the ceiling's
    too, for the stack's own latency); p50/p99/p99.9 from h2load's per-request log, the first
    second left out, each the median over ``--rounds`` rounds. h2load's ``--rps`` timer of a
@@ -89,11 +91,19 @@ class Server:
     """A server process (``ratekeeper serve`` or the empty one) and its worker processes."""
 
     def __init__(
-        self, name: str, args: list[str], workdir: Path, apis: tuple[str, ...] = ("gRPC", "HTTP")
+        self,
+        name: str,
+        args: list[str],
+        workdir: Path,
+        apis: tuple[str, ...] = ("gRPC", "HTTP"),
+        source: Path | None = None,
     ) -> None:
+        """``source``: run the ratekeeper of another checkout (its ``src`` first on the path)."""
         self.name = name
         self.apis = apis
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=workdir)
+        self.args = args
+        env = None if source is None else {**os.environ, "PYTHONPATH": str(source / "src")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=workdir, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         m = re.search(r"http://[^:]+:(\d+)(?: and gRPC (?:\(Envoy RLS\) on [^ ]+:)?(\d+))", line)
@@ -279,6 +289,12 @@ def main() -> None:
         "connections) instead of --clients connections, each tick's requests pipelined",
     )
     parser.add_argument("--api", choices=("gRPC", "HTTP"), help="one protocol only")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        metavar="DIR",
+        help="a checkout of another version: its serve rows run too, each row divided by its twin",
+    )
     args = parser.parse_args()
     if shutil.which("h2load") is None:
         raise SystemExit("h2load is not installed (Debian: apt-get install nghttp2-client)")
@@ -312,6 +328,16 @@ def main() -> None:
         servers.append(
             Server("redis x2", [*serve, "--config", "redis.yaml", "--workers", "2"], work)
         )
+        if args.base is not None:  # each row's twin right after it, in every round
+            rows = [server.name for server in servers]
+            for server in list(servers):
+                command = list(server.args)
+                if server.name.startswith("ceil"):  # the other checkout's empty server
+                    command[1] = str(args.base / "benchmarks" / "empty_service.py")
+                twin = f"base {server.name}"
+                servers.append(Server(twin, command, work, server.apis, args.base))
+                BASES[server.name] = (*BASES.get(server.name, ()), twin)
+            servers.sort(key=lambda s: (rows.index(s.name.removeprefix("base ")), s.name))
         for server in servers:
             if not server.name.startswith("ceil"):
                 check_answers(server)

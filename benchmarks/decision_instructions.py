@@ -74,7 +74,7 @@ async def drive(path: str, calls: int, config: Path) -> None:
     async def send(_: MutableMapping[str, Any]) -> None:
         return None
 
-    if path == "http-inline":  # what the HTTP protocol asks of the app (http_inline)
+    if path == "http-inline":  # what the HTTP connection asks of the app (http_connection)
         decide_now = service.api.decide_now
         for _ in range(calls):
             decide_now("/v1/hit", headers, body, True)

@@ -2,12 +2,12 @@
 
 An empty unary ``ShouldRateLimit`` handler returning a fixed response, and an empty ASGI
 route returning a fixed JSON decision, served exactly as ``ratekeeper serve`` serves
-(``server.uvicorn_config``, ``server.grpc_options`` and its cap on calls at once,
-``server.tune_process``, one uvloop event loop). The gRPC handler runs on ``grpc.aio``
-(``--grpc-threads 0``, the default, as ``ratekeeper serve``) or on the standard
-``grpc.server`` with that many handler threads.
-``--inline``: the fixed decision is answered by the HTTP protocol itself, as ``ratekeeper
-serve`` answers its decision routes (``http_inline``), the ceiling of that path.
+(``http_server.HttpServer`` with ``server.http_settings``, ``server.grpc_options`` and its
+cap on calls at once, ``server.tune_process``, one uvloop event loop). The gRPC handler runs
+on ``grpc.aio`` (``--grpc-threads 0``, the default, as ``ratekeeper serve``) or on the
+standard ``grpc.server`` with that many handler threads.
+``--inline``: the fixed decision is answered by the HTTP connection itself, as ``ratekeeper
+serve`` answers its decision routes (``http_connection``), the ceiling of that path.
 ``bench_service.py`` runs these beside the service and divides.
 
     python benchmarks/empty_service.py --port 0 --grpc-port 0 [--inline]
@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-import uvicorn
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
+from ratekeeper.errors import BadRequest
 from ratekeeper.service.grpc_rls import SERVICE
+from ratekeeper.service.http_server import HttpServer
 from ratekeeper.service.server import (
     GRPC_MAX_CALLS,
     ServeOptions,
@@ -32,9 +34,9 @@ from ratekeeper.service.server import (
     _loop_factory,
     freeze_heap,
     grpc_options,
+    http_settings,
     tune_process,
 )
-from ratekeeper.service.server import uvicorn_config as make_config
 
 BODY = (
     b'{"allowed":true,"limit":1000000000,"remaining":999999999,"reset_at":1800000000.0,'
@@ -55,13 +57,19 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class InlineApp:
-    """``app``, with the fixed decision answered by the protocol (``http_inline``)."""
+    """``app``, with the fixed decision answered by the connection (``http_connection``)."""
 
     inline_paths = frozenset({"/v1/hit"})
     answer = (200, BODY, HEADERS)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await app(scope, receive, send)
+
+    def check_head(self, method: str, path: str, head: Any) -> Any:
+        return None
+
+    def refuse(self, exc: BadRequest) -> Any:
+        return exc.status, b"{}", [(b"content-length", b"2")]
 
     def decide_now(
         self, path: str, headers: Any, body: bytes, block: bool = False, soon: bool = False
@@ -103,15 +111,18 @@ async def main(options: ServeOptions, inline: bool = False) -> None:
         await server.start()
     else:
         server.start()
-    http = uvicorn.Server(make_config(InlineApp() if inline else app, options))
-    task = asyncio.create_task(http.serve(sockets=[sock]))
-    while not http.started and not task.done():
-        await asyncio.sleep(0.01)
+    front = InlineApp() if inline else None
+    http = HttpServer(front or app, http_settings(options), front)
+    await http.start(sock)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     port = sock.getsockname()[1]
     print(f"empty service on http://{options.host}:{port} and gRPC {grpc_port}", flush=True)
     freeze_heap()  # as ``ratekeeper serve`` does once serving
     try:
-        await task
+        await stop.wait()
+        await http.shutdown(1.0)
     finally:
         if pool is None:
             await server.stop(grace=1.0)

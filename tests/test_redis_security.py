@@ -167,7 +167,10 @@ def test_keys_outside_the_prefix_and_plain_connections_are_refused(
 ) -> None:
     admin = tls_server.client()
     assert exercise(user_url(tls_server), admin, prefix="other")  # ~rk{* only
-    plain = user_url(tls_server).replace("rediss://", "redis://")  # TLS is required
+    tls = user_url(tls_server)
+    with pytest.raises(ConfigError, match="ssl_cert_reqs"):  # TLS options on a plain URL
+        RedisStore(tls.replace("rediss://", "redis://"))
+    plain = tls.replace("rediss://", "redis://").split("?")[0]  # TLS is required
     limiter = Limiter(RedisStore(plain, socket_timeout=2), fail_open=False)
     with pytest.raises(StoreUnavailable):
         limiter.hit("a", "5/minute")

@@ -84,3 +84,37 @@ def test_serve_help_shows_defaults_and_token_variables() -> None:
         "ratekeeper check-config",
     ):
         assert part in text, part
+
+
+def test_help_and_the_manual_agree_on_timeouts_signals_and_exit_status() -> None:
+    """``serve --help``, docs/service.md, docs/operations.md and docs/reference.md give the
+    same timeouts (with the parser's defaults), signals and exit status."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    service, operations, reference = (
+        " ".join((docs / name).read_text().split())
+        for name in ("service.md", "operations.md", "reference.md")
+    )
+    parser = argparse.ArgumentParser(prog="ratekeeper")
+    serve = add_serve_command(parser.add_subparsers(dest="command", required=True))
+    help_text = " ".join(serve.format_help().split())
+    defaults = {a.option_strings[0]: a.default for a in serve._actions if a.option_strings}
+    for flag in ("--idle-timeout", "--header-timeout", "--body-timeout", "--send-timeout"):
+        seconds = f"{defaults[flag]:g}"
+        assert f"`{flag}`, {seconds} s" in service, flag
+        assert f"| `{flag}` | {seconds} s |" in operations, flag
+        assert f"| `{flag} SECONDS` | `{seconds}` |" in reference, flag
+        action = next(a for a in serve._actions if flag in a.option_strings)
+        assert f"(default: {seconds})" in " ".join(str(action.help).split()), flag
+    for text in (help_text, service, operations, reference):
+        assert (
+            "SIGTERM" in text and "SIGINT" in text and "exit 0" in text.replace("exits 0", "exit 0")
+        )
+    assert (
+        "SIGHUP reload the config" in help_text and "ignored until the service serves" in help_text
+    )
+    assert "| SIGHUP | reload the config. Ignored until the service serves" in service
+    for text in (help_text, service, reference):  # exit status 2 and its causes
+        assert "2 for an invalid config, a port in use" in text.replace("(--workers) ", "")
+    assert "| 2 | an invalid config, a port in use" in operations

@@ -97,7 +97,7 @@ def test_handler_threads_and_http_on_the_loop_admit_exactly_the_limit(
 
     async def http_calls_on_the_loop() -> None:
         transport = httpx.ASGITransport(app=service.api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rk") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             for _ in range(http_calls):
                 answer = await client.post("/v1/hit", json={"policy": "shared", "key": KEY})
                 assert answer.status_code == 200, answer.text

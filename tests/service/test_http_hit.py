@@ -147,7 +147,8 @@ def test_the_http_api_answers_hits_through_it() -> None:
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "path": "/v1/hit", "method": "POST", "headers": []}
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "path": "/v1/hit", "method": "POST", "headers": headers}
     asyncio.run(api(scope, receive, send))
     assert sent[0]["status"] == 200
     assert general(make(clock), "fixed", "k", 1) == (True, sent[1]["body"], sent[0]["headers"])

@@ -405,13 +405,13 @@ def test_reload_keeps_old_config_on_error(tmp_path: Path) -> None:
         with httpx.Client(base_url=proc.url, timeout=10) as http:
             assert http.post("/v1/hit", json={"policy": "one", "key": "r"}).json()["allowed"]
             path.write_text("policies:\n  one:\n    rate: 1/fortnight\n")
-            r = http.post("/v1/admin/reload")
+            r = http.post("/v1/admin/reload", json={})
             assert r.status_code == 422 and r.json()["reloaded"] is False
             assert r.json()["error"].startswith(f"{path}:3: ")
             hit = http.post("/v1/hit", json={"policy": "one", "key": "r"}).json()
             assert hit["allowed"] is False  # the old config (and its counters) still run
             path.write_text("policies:\n  one:\n    rate: 5/hour\n  two:\n    rate: 1/hour\n")
-            assert http.post("/v1/admin/reload").json()["reloaded"] is True
+            assert http.post("/v1/admin/reload", json={}).json()["reloaded"] is True
             assert http.post("/v1/hit", json={"policy": "two", "key": "r"}).json()["allowed"]
             path.write_text("policies:\n  three:\n    rate: 1/hour\n")
             proc.signal(signal.SIGHUP)

@@ -43,8 +43,8 @@ def write(path: Path, redis_url: str, more: str = "") -> Path:
 class Workers:
     """A supervisor with two workers; learns their PIDs from its third banner line."""
 
-    def __init__(self, config: Path) -> None:
-        self.service = ServiceProcess(config, extra=("--workers", "2"))
+    def __init__(self, config: Path, *extra: str) -> None:
+        self.service = ServiceProcess(config, extra=("--workers", "2", *extra))
         assert "[workers: 2]" in self.service.banner
         assert self.service.proc.stdout is not None
         lines = [self.service.proc.stdout.readline() for _ in range(2)]

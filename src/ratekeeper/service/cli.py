@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
@@ -30,9 +31,23 @@ environment variables:
   auth.token_env / auth.admin_token_env name other variables to read instead, and
   auth.token / auth.admin_token in the file take precedence over both.
 
+signals:
+  SIGHUP          reload the config (read in a thread; requests go on being answered);
+                  ignored until the service serves; several at once cost one reload more;
+                  under --workers, forwarded to every worker that serves
+  SIGTERM, SIGINT stop accepting, finish the requests received (up to 5 s), exit 0
+
+browser rules (every route):
+  Host must name the listen address (loopback: localhost, 127.0.0.1, [::1]) or an
+  --allowed-host (any name on 0.0.0.0 or :: unless some are given): else 400.
+  A POST (or other non-GET method) is refused when it comes from another site
+  (Sec-Fetch-Site: cross-site, or an Origin other than the Host and --allowed-origin: 403),
+  or carries neither Content-Type: application/json nor an Authorization header (415).
+
 exit status:
-  0 when stopped (SIGINT, SIGTERM); 2 for an invalid config, a port in use, or a
-  store that did not answer within --store-wait.
+  0 when stopped (SIGTERM, SIGINT), also while starting; 2 for an invalid config, a port
+  in use, a store that did not answer within --store-wait, or (--workers) a worker that
+  could not start.
 
 Check a config without starting: ratekeeper check-config PATH. Reference: docs/reference.md.
 """
@@ -107,7 +122,32 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         type=_timeout,
         default=10.0,
         metavar="SECONDS",
-        help="close an HTTP connection that takes longer to send a request's headers (default: 10)",
+        help="close an HTTP connection whose request's headers are not complete this long "
+        "after it opened or after the previous answer (default: 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="close an HTTP connection whose request's body is not complete this long after "
+        "its headers (default: 10)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=_timeout,
+        default=5.0,
+        metavar="SECONDS",
+        help="close an HTTP connection that sends no byte of a request this long after it "
+        "opened or after the previous answer, keep-alive (default: 5)",
+    )
+    parser.add_argument(
+        "--send-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="cut off an HTTP client that reads none of its answers this long while they "
+        "wait (default: 10)",
     )
     parser.add_argument(
         "--max-connections",
@@ -118,6 +158,28 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         "headers is closed (default: the file-descriptor limit less 64)",
     )
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name served besides the listen address's; repeat for more; * for any "
+        "(default: the listen address; any name on 0.0.0.0 or ::)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (https://ops.example.com) whose pages may send state-changing "
+        "requests; repeat for more (default: only the service's own)",
+    )
+    parser.add_argument(
+        "--no-auth-warning",
+        action="store_true",
+        help="do not warn at startup when listening beyond loopback without tokens "
+        "(/healthz still reports open_to_network) (default: warn)",
+    )
+    parser.add_argument(
         "--workers",
         type=_workers,
         default=1,
@@ -125,16 +187,29 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
         help="worker processes sharing the ports; auto: one per core; more than one needs a "
         "shared store (Redis) (default: 1)",
     )
+    parser.add_argument(
+        "--worker-timeout",
+        type=_timeout,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --workers: replace a worker whose event loop has not reported for this "
+        "long (stopped or stuck) (default: 10)",
+    )
     # set by the supervisor for its workers
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--watch-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--heartbeat-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=run_serve)
     return parser
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the service with the parsed arguments."""
+    from .lifecycle import ignore_hangups
+
+    ignore_hangups()  # until it serves (server.serve)
+    signal.signal(signal.SIGTERM, _stopped_while_starting)  # until it listens for it
     try:
         from .server import ServeOptions, serve
         from .supervisor import supervise
@@ -148,16 +223,29 @@ def run_serve(args: argparse.Namespace) -> int:
         store_wait=args.store_wait,
         start_degraded=args.start_degraded,
         header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        send_timeout=args.send_timeout,
         max_connections=args.max_connections,
         grpc_threads=args.grpc_threads,
         dotfiles=args.config_dotfiles,
         watch_interval=args.watch_interval,
         worker=args.worker_index,
         metrics_dir=args.metrics_dir,
+        allowed_hosts=tuple(args.allowed_host),
+        allowed_origins=tuple(args.allowed_origin),
+        auth_warning=not args.no_auth_warning,
+        worker_timeout=args.worker_timeout,
+        heartbeat_fd=args.heartbeat_fd,
     )
     if args.workers > 1 and args.worker_index is None:
         return supervise(options, args.workers)
     return serve(options)
+
+
+def _stopped_while_starting(signum: int, frame: object) -> None:
+    """SIGTERM before the service handles it (imports, config): exit 0, as it would later."""
+    raise SystemExit(0)
 
 
 def missing_extra(command: str, exc: ImportError) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..stores.layout import CompactLayout
 from ..stores.sentinel import SentinelShard
-from ..stores.urls import redact
+from ..stores.urls import check_url, redact
 from .yaml_lines import Map, Problem, Problems, need_bool, need_int, need_map, need_seq, no_unknown
 
 
@@ -128,7 +128,16 @@ def read_store(value: Any, line: int, problems: Problems) -> StoreSettings:
         raise Problem(
             url_line, f"store {redact(url)!r} is unknown; expected 'memory' or a redis:// URL"
         )
+    _check(url_line, url, "cluster url" if kind == "cluster" else "url", kind == "cluster")
     return replace(common, kind=kind, url=url)
+
+
+def _check(line: int, url: str, what: str, cluster: bool = False) -> None:
+    """``url`` checked as the store will check it (``check_url``), its problem at ``line``."""
+    try:
+        check_url(url, what, cluster=cluster)
+    except ConfigError as e:
+        raise Problem(line, str(e)) from None
 
 
 def _layout(value: Any, line: int) -> int:
@@ -207,11 +216,14 @@ def _shard(value: Any, line: int) -> ShardSettings:
         raise Problem(
             body.lines.get("url", line), f"shard url {redact(url)!r} must be a redis:// URL"
         )
+    _check(body.lines.get("url", line), url, "shard url")
     replicas = body.get("replicas", [])
     if not isinstance(replicas, list) or not all(
         isinstance(r, str) and r.startswith(_URL) for r in replicas
     ):
         raise Problem(body.lines.get("replicas", line), "replicas must be a list of redis:// URLs")
+    for replica in replicas:
+        _check(body.lines.get("replicas", line), replica, "replica url")
     return ShardSettings(url, tuple(replicas), name)
 
 

@@ -15,10 +15,12 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
 ``ROUTES`` is the one table of routes and who may call them (the router dispatches from it,
 tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
 
-Rules: every ``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is
-configured (the admin token is accepted too); admin routes need the admin token, and are
-refused when a token but no admin token is configured; an unknown ``/v1/`` path asks for a
-token before it answers 404. Tokens are compared in constant time.
+Rules: a request's head is checked before its body is read (``check_head``): the Host and
+browser rules (``http_guard``), then the token, then the body's announced size. Every
+``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is configured (the admin
+token is accepted too); admin routes need the admin token, and are refused when a token but
+no admin token is configured; an unknown ``/v1/`` path asks for a token before it answers
+404. Tokens are compared in constant time.
 A request is validated whole before anything is counted: malformed JSON, unknown fields,
 wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JSON
 ``{"error", "field"}`` and change no counter. No client mistake answers 500.
@@ -44,6 +46,7 @@ from ..plan import Op, decide
 from . import dashboard
 from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
+from .http_guard import BrowserRules, Head
 from .http_hit import HttpHits
 
 Scope = MutableMapping[str, Any]
@@ -65,6 +68,8 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
 _JSON = (b"content-type", b"application/json")
+LOOPBACK = BrowserRules()
+"""The browser rules of a service on a loopback address (``HttpApi``'s default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,18 +133,21 @@ def _access_of_unknown(path: str) -> str:
 
 
 class HttpApi:
-    """The ASGI callable. ``reload`` is called by ``POST /v1/admin/reload``."""
+    """The ASGI callable. ``reload`` is called by ``POST /v1/admin/reload``; ``rules``: the
+    browser rules (the hosts served and the origins allowed)."""
 
     inline_paths = frozenset(_DECIDE)
-    """The routes the HTTP protocol may answer through ``decide_now`` (``http_inline``)."""
+    """The routes the HTTP protocol may answer through ``decide_now`` (``http_connection``)."""
 
     def __init__(
         self,
         engine: Engine,
         reload: Callable[[], Awaitable[str | None]],
         health: Callable[[], Awaitable[dict[str, Any]]],
+        rules: BrowserRules = LOOPBACK,
     ) -> None:
         self.engine = engine
+        self.rules = rules
         self.reload = reload
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
@@ -164,20 +172,52 @@ class HttpApi:
             return
         path: str = scope["path"]
         method: str = scope["method"]
-        if path in _DECIDE and method == "POST":  # the hot routes, without the router
+        refusal = self.check_head(method, path, Head.of(scope["headers"]))
+        if refusal is not None:
+            status, payload, raw = refusal
+        elif path in _DECIDE and method == "POST":  # the hot routes, without the router
             status, payload, raw = await self._decision_route(scope, receive, path)
         else:
             status, payload, raw = await self._general(scope, receive, path, method)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
 
-    async def _decision_route(self, scope: Scope, receive: Receive, path: str) -> Response:
-        """A decision route through ASGI: authorized before its body is read (so a refused
-        caller's body is never read), then ``decide_now``."""
+    def check_head(self, method: str, path: str, head: Head) -> Response | None:
+        """The refusal of a request by its head alone (counted), or None: the Host and origin
+        rules, the token its route needs, the content type (``http_guard``), a
+        Content-Length over ``MAX_BODY``.
+        Before the body is read: the HTTP server calls it once the head is complete (on
+        every route), and ``__call__`` for any other ASGI server."""
         try:
+            self.rules.check(method, head)
             auth = self.engine.config.auth
             if auth.token or auth.admin_token:
-                self._authorize(scope["headers"], False)
+                if path in _DECIDE:
+                    access = "client"
+                else:
+                    route = find_route(path)
+                    access = route.access if route is not None else _access_of_unknown(path)
+                if access != "public":  # no route reveals itself without a token
+                    self._authorize(head.authorization, access == "admin")
+            self.rules.check_content(method, head)
+            length = head.content_length
+            if length is not None:
+                if not length.isdigit():
+                    raise BadRequest("body", f"content-length {length!r} is invalid", 400)
+                if int(length) > MAX_BODY:
+                    size = f"body is {int(length)} bytes; the limit is {MAX_BODY}"
+                    raise BadRequest("body", size, 413)
+        except BadRequest as exc:
+            return self._refused(exc, path)
+        return None
+
+    def refuse(self, exc: BadRequest) -> Response:
+        """The answer to a request the HTTP server refused itself (framing, size, time)."""
+        return self._refused(exc, "")
+
+    async def _decision_route(self, scope: Scope, receive: Receive, path: str) -> Response:
+        """A decision route through ASGI (its head checked): its body, then ``decide_now``."""
+        try:
             message = await receive()  # _body's common case, inlined
             body = message.get("body", b"")
             if message.get("more_body", False) or message["type"] != "http.request":
@@ -203,19 +243,19 @@ class HttpApi:
         cache answers); else, when ``soon`` is asked and a batching store has the call
         queued, a ``Soon`` that makes it once the store's batch has answered (for a caller
         that waits by callback); else a coroutine that asks the store and makes it.
-        ``headers``: the request's, to authorize; None when the caller authorized it already.
+        ``headers``: the request's, to check (``check_head``); None when they were checked.
         Never raises: a client mistake is its 4xx, a bug of ours a 500 (logged). Used by the
-        ASGI app and by the HTTP protocol itself (``http_inline``), so both answer byte for
+        ASGI app and by the HTTP protocol itself (``http_connection``), so both answer byte for
         byte the same. ``block``: an admitted hit's headers may come as the lines HTTP sends
         (bytes)."""
+        if headers is not None:
+            refusal = self.check_head("POST", path, Head.of(headers))
+            if refusal is not None:
+                return refusal
         self.in_flight += 1
         later = False
         try:
             engine = self.engine
-            if headers is not None:
-                auth = engine.config.auth
-                if auth.token or auth.admin_token:
-                    self._authorize(headers, False)
             op = _DECIDE[path]
             req = _object(body, _FIELDS[op])
             if op == "refund":
@@ -297,10 +337,7 @@ class HttpApi:
     async def _route(
         self, scope: Scope, receive: Receive, path: str, method: str
     ) -> tuple[int, Any, Headers]:
-        route = find_route(path)
-        access = route.access if route is not None else _access_of_unknown(path)
-        if access != "public":  # before anything else: no route reveals itself without a token
-            self._authorize(scope["headers"], access == "admin")
+        route = find_route(path)  # its token was checked with the head (check_head)
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
@@ -415,18 +452,13 @@ class HttpApi:
             "blocked": spec.block,
         }
 
-    def _authorize(self, headers: list[tuple[bytes, bytes]], admin: bool) -> None:
-        """Raises ``BadRequest`` (401/403) unless the request's bearer token may call a route
-        (the admin token for an admin route)."""
+    def _authorize(self, given: bytes | None, admin: bool) -> None:
+        """Raises ``BadRequest`` (401/403) unless the request's bearer token (``given``: its
+        ``Authorization`` header) may call a route (the admin token for an admin route)."""
         auth = self.engine.config.auth
         if not auth.token and not auth.admin_token:
             return
-        given = b""
-        for k, v in headers:
-            if k == b"authorization":
-                given = v
-                break
-        scheme, _, token = given.partition(b" ")
+        scheme, _, token = (given or b"").partition(b" ")
         token = token.strip() if scheme.lower() == b"bearer" else b""
         if admin:
             if not auth.admin_token:
@@ -643,13 +675,7 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
 
 
 async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
-    """The body after its first message: refused early when its length is over the limit."""
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            if not v.isdigit():
-                raise BadRequest("body", f"content-length {v!r} is invalid", 400)
-            if int(v) > MAX_BODY:
-                raise BadRequest("body", f"body is {int(v)} bytes; the limit is {MAX_BODY}", 413)
+    """The body after its first message (its announced length was checked with the head)."""
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -99,7 +99,7 @@ class HttpHits:
         (counted); a ``Result`` when the store rejected it (settled: counted and cached as
         ``decide_now`` does); None when the common case does not apply (nothing done).
         ``block``: the headers as the lines HTTP sends (``name: value\\r\\n`` each), for the
-        protocol's own answers (``http_inline``), instead of a list."""
+        protocol's own answers (``http_connection``), instead of a list."""
         engine = self.engine
         plan = self._plan(spec)
         if plan is None:

@@ -1,20 +1,28 @@
-"""Running the service: build the store, limiter and engine from a config, serve HTTP (uvicorn)
-and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or ``POST /v1/admin/reload``.
+"""Running the service: build the store, limiter and engine from a config, serve HTTP
+(``http_server``) and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or
+``POST /v1/admin/reload``.
 
 At startup the store is pinged until it answers or ``store_wait`` seconds pass; then the
 service exits with a ``ConfigError`` naming the store's address (never its password), or,
 with ``start_degraded``, logs it at ERROR and serves anyway: decisions fail open and
 ``/healthz`` answers 503 until the store does.
 
-Connections: HTTP connections must send a request's headers within ``header_timeout``
-seconds and at most ``max_connections`` are open (``connections``); gRPC connections are
+Connections: HTTP connections are timed at every stage (head, body, idle, a client not
+reading) and at most ``max_connections`` are open (``http_server``); gRPC connections are
 closed after 5 idle minutes and pinged when quiet so dead peers are dropped
 (``GRPC_OPTIONS``).
 
-A reload reads the config files again; if they are invalid the running config stays, the
-error is logged and returned (and counted in ``ratekeeper_config_reloads_total``). A reload
-keeps the store (its counters) but not a change of store: that needs a restart, and a reload
-that asks for one is refused as an error. A directory given as ``--config`` is watched, as
+Signals (``serve``): SIGHUP is ignored until the service serves, then reloads; SIGTERM and
+SIGINT stop it: it stops accepting, finishes the requests and calls it has received (up to
+``DRAIN`` seconds) and exits 0. Under a supervisor a worker also writes a heartbeat to a
+pipe from its event loop (``lifecycle``).
+
+A reload reads the config files again in a thread (the event loop keeps serving) and swaps
+the new config in at once; if they are invalid the running config stays, the error is
+logged and returned (and counted in ``ratekeeper_config_reloads_total``); either way its
+duration is logged. Asks that come while a reload runs share the next one. A reload keeps
+the store (its counters) but not a change of store: that needs a restart, and a reload that
+asks for one is refused as an error. A directory given as ``--config`` is watched, as
 envoyproxy/ratelimit's runtime directory is: a file written, created or removed in it (or the
 directory's symlink swapped) reloads within ``watch_interval`` seconds (``watch.py``).
 """
@@ -22,7 +30,7 @@ directory's symlink swapped) reloads within ``watch_interval`` seconds (``watch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import gc
 import logging
 import os
@@ -36,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import uvicorn
 
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter
@@ -52,12 +59,13 @@ from ..stores.redis import RedisStore
 from ..stores.sentinel import SentinelShard
 from ..stores.sharded import SentinelStore, Shard, ShardedRedisStore
 from . import config as config_mod
-from .connections import default_max_connections, guarded_protocol
 from .engine import Engine
 from .envoy import Envoy
 from .grpc_rls import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
 from .http import HttpApi
-from .http_inline import inline_protocol
+from .http_guard import BrowserRules, is_loopback
+from .http_server import HttpServer, HttpSettings, default_max_connections
+from .lifecycle import heartbeat, ignore_hangups, on_signal
 from .metrics import (
     BatchMetrics,
     InstrumentedLeases,
@@ -66,6 +74,7 @@ from .metrics import (
     InstrumentedStore,
     Metrics,
 )
+from .reloads import Coalesced
 from .rlqs import wire as rlqs_wire
 from .rlqs.hub import Quotas
 from .rlqs.state import quota_state
@@ -82,6 +91,8 @@ gRPC's own threads hand every call to the handler (the event loop or a handler t
 back, each handing waiting on the GIL: at 1 ms the empty handler's p99 on handler threads
 halved and ``grpc.aio``'s throughput rose (docs/contributing.md, "The service's stacks")."""
 GRPC_MAX_CALLS = 1024
+DRAIN = 5.0
+"""Seconds a stopping service gives the HTTP requests and gRPC calls it has received."""
 """Calls a gRPC server holds at once (running or waiting for a thread or the loop); past it
 a call is refused at once with RESOURCE_EXHAUSTED, so a stalled store or loop cannot pile up
 calls without bound (Envoy applies its failure mode to the refusal)."""
@@ -110,11 +121,24 @@ class ServeOptions:
     start_degraded: bool = False
     """Serve even if the store never answered (fail open, ``/healthz`` 503)."""
     header_timeout: float = 10.0
-    """Seconds an HTTP connection may take to send a request's headers before it is closed."""
+    """Seconds an HTTP connection may take to send a request's head (``HttpSettings``)."""
+    body_timeout: float = 10.0
+    idle_timeout: float = 5.0
+    send_timeout: float = 10.0
     max_connections: int | None = None
     """Most open HTTP connections (None: the file-descriptor limit less a reserve)."""
     grpc_threads: int = 0
     """Handler threads of the standard ``grpc.server`` (0: ``grpc.aio`` on the event loop)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names served besides the listen address's (``http_guard``; ``*``: any)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Origins allowed to send state-changing requests besides the service's own."""
+    auth_warning: bool = True
+    """Warn at startup when listening beyond loopback without tokens."""
+    worker_timeout: float = 10.0
+    """Under ``--workers``: seconds without a worker's heartbeat before it is replaced."""
+    heartbeat_fd: int | None = None
+    """A worker's end of its heartbeat pipe (set by the supervisor)."""
 
 
 GRPC_IDLE_MS = 300_000
@@ -226,28 +250,70 @@ class Service:
                 "--grpc-threads each stream would hold a handler thread: drop --grpc-threads"
             )
         self.quotas = Quotas(self.engine, quota_state(self._raw_store), self.metrics.rlqs, clock)
-        self.api = HttpApi(self.engine, self.reload, self.health)
-        self._reload_lock = asyncio.Lock()
+        self.reload = Coalesced(self._reload)
+        """Re-read the config files (in a thread: requests go on being answered) and swap
+        the new config in; on error keep the running config and return why. Asks made
+        while a reload runs share the next one (``reloads``)."""
+        rules = BrowserRules.for_listen(
+            options.host, options.allowed_hosts, options.allowed_origins
+        )
+        self.api = HttpApi(self.engine, self.reload, self.health, rules)
+        self._chores: set[asyncio.Task[Any]] = set()
+        self._open_warned = False
 
-    async def reload(self) -> str | None:
-        """Re-read the config files; on error keep the running config and return why."""
-        async with self._reload_lock:
-            try:
-                new = config_mod.load(self.options.config_files, dotfiles=self.options.dotfiles)
-                if new.store != self.config.store:
-                    raise ConfigError("the store changed; a new store needs a restart")
-            except ConfigError as exc:
-                self.metrics.reloads.labels("error").inc()
-                log.error("config reload failed, keeping the running config: %s", exc)
-                return str(exc)
-            self.config = new
-            self.engine.swap(new)
-            self.metrics.envoy.configure(new.envoy.near_limit_ratio, new.envoy.max_stat_keys)
-            _warn(new)
-            self.metrics.reloads.labels("ok").inc()
-            self.metrics.policies.set(len(new.policies))
-            log.warning("config reloaded from %s", ", ".join(new.files))
-            return None
+    async def _reload(self) -> str | None:
+        started = time.monotonic()
+        options = self.options
+        load = functools.partial(config_mod.load, options.config_files, dotfiles=options.dotfiles)
+        try:
+            new = await asyncio.get_running_loop().run_in_executor(None, load)
+            if new.store != self.config.store:
+                raise ConfigError("the store changed; a new store needs a restart")
+        except ConfigError as exc:
+            self.metrics.reloads.labels("error").inc()
+            log.error(
+                "config reload failed in %.2f s, keeping the running config: %s",
+                time.monotonic() - started, exc,
+            )  # fmt: skip
+            return str(exc)
+        self.config = new  # the swap: no await from here on
+        self.engine.swap(new)
+        self.metrics.envoy.configure(new.envoy.near_limit_ratio, new.envoy.max_stat_keys)
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.policies.set(len(new.policies))
+        _warn(new)
+        log.warning(
+            "config reloaded from %s in %.2f s", ", ".join(new.files), time.monotonic() - started
+        )
+        self.warn_if_open()
+        return None
+
+    def reload_soon(self) -> None:
+        """SIGHUP's handler: a reload (coalesced with any running one)."""
+        self._chore(self.reload())
+
+    def _chore(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    def open_to_network(self) -> bool:
+        """Whether the service listens beyond this machine with no token configured: then
+        anyone who reaches it may reset counters, reload and flip kill switches."""
+        auth = self.config.auth
+        return not is_loopback(self.options.host) and not (auth.token or auth.admin_token)
+
+    def warn_if_open(self) -> None:
+        """Log ``open_to_network`` once it holds (unless ``auth_warning`` is off)."""
+        is_open = self.open_to_network()
+        if is_open and not self._open_warned and self.options.auth_warning:
+            log.warning(
+                "listening on %s without tokens: anyone who can reach it may reset counters, "
+                "reload the config and flip kill switches. Set RATEKEEPER_TOKEN and "
+                "RATEKEEPER_ADMIN_TOKEN (or auth: in the config), or pass --no-auth-warning",
+                self.options.host,
+            )
+        self._open_warned = is_open
 
     async def check_store(self) -> str | None:
         """Ping the store until it answers or ``store_wait`` passes; None, or why not."""
@@ -277,13 +343,22 @@ class Service:
             "store_errors": stats["store_errors"],
             "breaker": stats["breaker"],
             "policies": len(self.config.policies),
+            "open_to_network": self.open_to_network(),
         }
 
-    async def run(self, ready: asyncio.Event | None = None, freeze: bool = False) -> None:
-        """Serve until SIGINT/SIGTERM; ``freeze``: the heap too once serving (``freeze_heap``:
-        the serving process does; a test serving in its own process leaves its heap alone)."""
+    async def run(
+        self,
+        stop: asyncio.Event | None = None,
+        ready: asyncio.Event | None = None,
+        freeze: bool = False,
+    ) -> None:
+        """Serve until ``stop`` is set (``serve`` sets it on SIGTERM and SIGINT), then drain:
+        stop accepting, finish what was received (up to ``DRAIN`` seconds). ``freeze``: the
+        heap too once serving (``freeze_heap``: the serving process does; a test serving in
+        its own process leaves its heap alone)."""
         opts = self.options
         loop = asyncio.get_running_loop()
+        stop = stop if stop is not None else asyncio.Event()
         shared = opts.worker is not None
         sock = _listen(opts.host, opts.port, shared)  # first, so a busy port fails cleanly
         grpc_server = None
@@ -299,45 +374,43 @@ class Service:
                     f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
                 ) from None
             await grpc_server.start()
-        uv_config = uvicorn_config(self.api, opts)
-        server = uvicorn.Server(uv_config)
-        absorb_stop_signals()
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        chores: list[asyncio.Task[None]] = []
+        http = HttpServer(self.api, http_settings(opts), self.api)
+        await http.start(sock)
         if opts.watch_interval > 0 and any(os.path.isdir(p) for p in opts.config_files):
-            chores.append(
-                asyncio.create_task(
-                    watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload)
-                )
-            )
+            self._chore(watch(opts.config_files, opts.dotfiles, opts.watch_interval, self.reload))
         if shared:
-            chores.append(asyncio.create_task(self._publish()))
+            self._chore(self._publish())
         if grpc_server is not None and not opts.grpc_threads:
-            chores.append(asyncio.create_task(self.quotas.watch()))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            if freeze:  # before the banner: a process announced as serving has done it
-                freeze_heap()
-            http_port = server.servers[0].sockets[0].getsockname()[1]
-            where = f"ratekeeper serving HTTP on http://{opts.host}:{http_port}"
-            if grpc_port is not None:
-                where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
-            worker = "" if opts.worker is None else f" [worker {opts.worker}]"
-            print(where, f"[store: {self.config.store.kind}]{worker}", flush=True)
-            print("config: " + ", ".join(self.config.files), flush=True)
-            if ready is not None:
-                ready.set()
+            self._chore(self.quotas.watch())
+        if opts.heartbeat_fd is not None:
+            self._chore(heartbeat(opts.heartbeat_fd))
+        if freeze:  # before the banner: a process announced as serving has done it
+            freeze_heap()
+        # SIGHUP reloads from now on (ignored until now); before the banner, which tells a
+        # supervisor that SIGHUP may be forwarded
+        hangup = on_signal(loop, signal.SIGHUP, self.reload_soon)
+        where = f"ratekeeper serving HTTP on http://{opts.host}:{http.port}"
+        if grpc_port is not None:
+            where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
+        worker = "" if opts.worker is None else f" [worker {opts.worker}]"
+        print(where, f"[store: {self.config.store.kind}]{worker}", flush=True)
+        print("config: " + ", ".join(self.config.files), flush=True)
+        self.warn_if_open()
+        if ready is not None:
+            ready.set()
         try:
-            await task
+            await stop.wait()
         finally:
-            for chore in chores:
+            if hangup:
+                loop.remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # stopping: a reload is moot
+            for chore in list(self._chores):
                 chore.cancel()
+            drains = [http.shutdown(DRAIN)]
             if grpc_server is not None:
                 await self.quotas.close()  # Envoys keep their shares while it is away
-                await grpc_server.stop(grace=1.0)
+                drains.append(grpc_server.stop(grace=DRAIN))
+            await asyncio.gather(*drains)
 
     def grpc_server(self, loop: asyncio.AbstractEventLoop) -> GrpcServer:
         """The gRPC server ``grpc_threads`` asks for, serving ShouldRateLimit (and, on
@@ -408,35 +481,15 @@ class GrpcServer:
         self.pool.shutdown(wait=False)
 
 
-def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
-    """The HTTP server's settings (also the benchmark's empty-route ceiling's): an app with
-    ``decide_now`` has its decision routes answered by the protocol (``http_inline``)."""
-    return uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        loop="none",
-        http=inline_protocol(
-            guarded_protocol(
-                options.header_timeout, options.max_connections or default_max_connections()
-            ),
-            app,
-        ),
-        lifespan="off",
-        access_log=False,
-        proxy_headers=False,  # client address and scheme are never used: skip the rewrite
-        log_level="warning",
+def http_settings(options: ServeOptions) -> HttpSettings:
+    """The HTTP server's limits (also the benchmark's ceilings')."""
+    return HttpSettings(
+        header_timeout=options.header_timeout,
+        body_timeout=options.body_timeout,
+        idle_timeout=options.idle_timeout,
+        send_timeout=options.send_timeout,
+        max_connections=options.max_connections or default_max_connections(),
     )
-
-
-def absorb_stop_signals() -> None:
-    """Let SIGTERM and SIGINT stop the service through its shutdown: uvicorn catches them
-    while it serves, and once it has shut down raises the one it caught again; with the
-    default actions the process would die there, before gRPC's graceful stop and the quota
-    streams' hand-over (``Quotas.close``). The stop is under way by then: ignore it."""
-    with contextlib.suppress(ValueError):  # not the main thread (a test serving in a thread)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
 
 
 def _warn(config: config_mod.ServiceConfig) -> None:
@@ -474,16 +527,30 @@ def _host(host: str) -> str:
 
 
 def serve(options: ServeOptions) -> int:
-    """Build and run the service (on uvloop when installed); return the process exit code."""
+    """Build and run the service (on uvloop when installed); return the process exit code:
+    0 once stopped by SIGTERM or SIGINT (at any time, startup included), 2 for a config
+    error, a port in use or a store that did not answer."""
     worker = "" if options.worker is None else f"[worker {options.worker}] "
+    ignore_hangups()
     tune_process()
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s %(levelname)s {worker}%(message)s"
     )
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            on_signal(loop, sig, stop.set)
         service = Service(options)
-        error = await service.check_store()
+        checked = asyncio.ensure_future(service.check_store())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((checked, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if stop.is_set():
+            checked.cancel()
+            return
+        error = checked.result()
         if error is not None:
             if not options.start_degraded:
                 raise ConfigError(
@@ -491,7 +558,7 @@ def serve(options: ServeOptions) -> int:
                     "--start-degraded to serve anyway (decisions fail open, /healthz 503)"
                 )
             log.error("the store does not answer (%s); serving degraded: fail open", error)
-        await service.run(freeze=True)
+        await service.run(stop, freeze=True)
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -11,10 +11,17 @@ The supervisor
   prints one banner once all of them listen;
 - restarts a worker that dies, after 0.1 s, doubling up to 5 s while it keeps dying within
   5 s of its start;
-- forwards SIGHUP to every worker (each reloads its config, and each watches config
-  directories itself);
-- on SIGTERM or SIGINT sends SIGTERM to every worker, waits up to ``GRACE`` seconds, kills
-  what is left, and exits 0.
+- replaces a worker that has served but fell silent: each writes a heartbeat to a pipe from
+  its event loop every second (``lifecycle``), and one silent for ``worker_timeout`` seconds
+  (stopped by SIGSTOP, its loop stuck) is killed (SIGKILL) and restarted, so its share of
+  new connections goes to the others meanwhile and to its successor after;
+- ignores SIGHUP until its workers serve; then forwards it to every worker that serves
+  (each reloads its config, and each watches config directories itself). SIGHUPs that come
+  together are forwarded once; a worker still starting gets it once it serves;
+- on SIGTERM or SIGINT (also while starting) sends SIGTERM (and SIGCONT, for a stopped one)
+  to every worker, waits up to ``GRACE`` seconds, kills what is left, and exits 0. Each
+  worker is in a process group of its own, so a terminal's Ctrl-C or hangup reaches the
+  supervisor only, which passes it on as above.
 
 A worker stops by itself when its supervisor is gone. Each worker labels its metrics with
 ``worker="<i>"`` and publishes them to a directory the supervisor owns, so ``/metrics`` on
@@ -38,6 +45,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from . import config as config_mod
+from .lifecycle import hangups_blocked
 from .server import ServeOptions
 
 log = logging.getLogger("ratekeeper.service")
@@ -69,6 +77,12 @@ class _Worker:
     delay: float = 0.1
     restart_at: float | None = None
     ready: bool = False
+    beat: float = 0.0
+    """When its last heartbeat came (monotonic)."""
+    heart: int | None = None
+    """The supervisor's end of its heartbeat pipe."""
+    reload: bool = False
+    """A SIGHUP came while it was starting: forward it once it serves."""
 
 
 class Supervisor:
@@ -87,14 +101,24 @@ class Supervisor:
         self.workers = [_Worker(i) for i in range(workers)]
         self.selector = selectors.DefaultSelector()
         self.stopping = False
+        self.hangup = False
+        """A SIGHUP came and is not forwarded yet."""
         self.reloads = 0
 
-    def command(self, index: int) -> list[str]:
+    def command(self, index: int, heartbeat_fd: int) -> list[str]:
         o = self.options
         args = [sys.executable, "-m", "ratekeeper.cli", "serve", "--host", o.host]
         args += ["--port", str(self.port), "--worker-index", str(index)]
         args += ["--metrics-dir", self.metrics_dir, "--watch-interval", str(o.watch_interval)]
-        args += ["--store-wait", str(o.store_wait), "--header-timeout", str(o.header_timeout)]
+        args += ["--heartbeat-fd", str(heartbeat_fd), "--store-wait", str(o.store_wait)]
+        args += ["--header-timeout", str(o.header_timeout), "--body-timeout", str(o.body_timeout)]
+        args += ["--idle-timeout", str(o.idle_timeout), "--send-timeout", str(o.send_timeout)]
+        for name in o.allowed_hosts:
+            args += ["--allowed-host", name]
+        for origin in o.allowed_origins:
+            args += ["--allowed-origin", origin]
+        if not o.auth_warning:
+            args.append("--no-auth-warning")
         if o.start_degraded:
             args.append("--start-degraded")
         if o.max_connections is not None:
@@ -109,11 +133,23 @@ class Supervisor:
         return args
 
     def start(self, worker: _Worker) -> None:
-        proc = subprocess.Popen(self.command(worker.index), stdout=subprocess.PIPE)
+        heart, beats = os.pipe()
+        try:
+            with hangups_blocked():  # until the worker ignores SIGHUP (lifecycle)
+                proc = subprocess.Popen(  # a process group of its own: a terminal's
+                    self.command(worker.index, beats),  # signals (Ctrl-C, a hangup) reach
+                    stdout=subprocess.PIPE,  # the supervisor, which passes them on
+                    pass_fds=(beats,),
+                    process_group=0,
+                )
+        finally:
+            os.close(beats)
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
+        os.set_blocking(heart, False)
         self.selector.register(proc.stdout, selectors.EVENT_READ, worker)
-        worker.proc, worker.started = proc, time.monotonic()
+        self.selector.register(heart, selectors.EVENT_READ, worker)
+        worker.proc, worker.started, worker.heart = proc, time.monotonic(), heart
         worker.ready, worker.restart_at = False, None
 
     def run(self) -> int:
@@ -126,10 +162,11 @@ class Supervisor:
             for worker in self.workers:
                 self.start(worker)
             if not self._wait_ready():
-                return 2
+                return 0 if self.stopping else 2
             self._banner()
             while not self.stopping:
                 self._read(0.2)
+                self._forward_hangup()
                 self._reap()
             return 0
         finally:
@@ -142,12 +179,23 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGHUP:
-            self.reloads += 1
-            for worker in self.workers:
-                if worker.proc is not None and worker.proc.poll() is None:
-                    worker.proc.send_signal(signal.SIGHUP)
+            self.hangup = True  # forwarded by the main loop (``_forward_hangup``)
             return
         self.stopping = True
+
+    def _forward_hangup(self) -> None:
+        """Forward a SIGHUP (or several that came together) once, to each worker that serves;
+        one still starting gets it when it serves."""
+        if self.hangup:
+            self.hangup = False
+            self.reloads += 1
+            for worker in self.workers:
+                worker.reload = True
+        for worker in self.workers:
+            proc = worker.proc
+            if worker.reload and worker.ready and proc is not None and proc.poll() is None:
+                worker.reload = False
+                proc.send_signal(signal.SIGHUP)
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + START_TIMEOUT
@@ -178,7 +226,8 @@ class Supervisor:
         print(f"supervisor {os.getpid()}, workers {pids}", flush=True)
 
     def _read(self, timeout: float) -> None:
-        """Drain the workers' output (a worker says it listens with its banner line)."""
+        """Drain the workers' output (a worker says it listens with its banner line) and
+        heartbeats."""
         for key, _ in self.selector.select(timeout):
             worker: _Worker = key.data
             try:
@@ -188,16 +237,28 @@ class Supervisor:
             if not data:  # closed: the worker is gone
                 self.selector.unregister(key.fileobj)
                 continue
-            if b"serving HTTP" in data:
+            if key.fd == worker.heart:
+                worker.beat = time.monotonic()
+            elif b"serving HTTP" in data:
                 worker.ready = True
+                worker.beat = time.monotonic()
 
     def _reap(self) -> None:
         """Restart dead workers (with a growing delay while they die young)."""
-        if self.stopping:  # e.g. Ctrl-C reached the workers too: nothing to restart
+        if self.stopping:  # the workers are being stopped: nothing to restart
             return
         now = time.monotonic()
         for worker in self.workers:
             proc = worker.proc
+            silent = now - worker.beat
+            timeout = self.options.worker_timeout
+            if worker.ready and proc is not None and silent > timeout and proc.poll() is None:
+                log.error(
+                    "worker %d (pid %d) has not reported for %.1f s (stopped or stuck); "
+                    "killing it", worker.index, proc.pid, silent,
+                )  # fmt: skip
+                proc.kill()
+                proc.wait(5)
             if proc is not None and proc.poll() is not None:
                 self._forget(worker)
                 lived = now - worker.started
@@ -216,12 +277,19 @@ class Supervisor:
             with contextlib.suppress(KeyError, ValueError):  # unregistered at its EOF
                 self.selector.unregister(worker.proc.stdout)
             worker.proc.stdout.close()
+        if worker.heart is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(worker.heart)
+            os.close(worker.heart)
+            worker.heart = None
+        worker.ready = False
 
     def _stop_all(self) -> None:
         live = [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
         for worker in live:
             assert worker.proc is not None
             worker.proc.send_signal(signal.SIGTERM)
+            worker.proc.send_signal(signal.SIGCONT)  # a stopped worker can then stop
         deadline = time.monotonic() + GRACE
         for worker in live:
             assert worker.proc is not None

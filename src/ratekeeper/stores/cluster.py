@@ -56,7 +56,7 @@ from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, LeaseCall, RedisLeases
-from .urls import address, check_url, redact
+from .urls import address, check_url
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
 
@@ -91,11 +91,7 @@ class RedisClusterStore:
         if url is None and client is None and async_client is None:
             raise ConfigError("RedisClusterStore needs a url (redis://host:port) or a client")
         if url is not None:
-            check_url(url, "cluster url")
-            if url.startswith("unix:"):
-                raise ConfigError(
-                    f"cluster url {redact(url)!r} is a unix socket; expected redis://host"
-                )
+            check_url(url, "cluster url", cluster=True)
         self.url = url
         self.codec = Codec(prefix, layout)
         self.prefix = prefix

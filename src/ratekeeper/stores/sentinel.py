@@ -72,12 +72,7 @@ class SentinelShard:
                 "more redis:// or rediss:// URLs"
             )
         object.__setattr__(self, "sentinels", sentinels)
-        parts = urlsplit(self.url) if isinstance(self.url, str) else None
-        if parts is None or parts.scheme not in ("redis", "rediss") or parts.hostname:
-            raise ConfigError(
-                f"url {redact(self.url)!r} is invalid; expected credentials, database and TLS "
-                "options without a host (Sentinel names it), e.g. 'redis://:secret@/0'"
-            )
+        check_url(self.url, "url", host=False)
         if not isinstance(self.name, str):
             raise ConfigError(f"shard name {self.name!r} is invalid; expected a string")
         if not self.name:
