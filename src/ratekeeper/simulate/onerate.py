@@ -8,9 +8,12 @@ full), the per-line outcome handed back. ``OneRate`` keeps each key's ``(expires
 in a plain dict keyed by the key and runs the same pure ``step`` of the same ``Limit`` with
 the same rules as ``hit_one``:
 
-- an entry whose ``expires_ms`` has passed is no state (the store deletes it when touched);
-- an admitted step writes ``(outcome.reset_ms, new state)``; a rejected one writes nothing,
-  unless the limit counts rejected hits (``COUNT_REJECTED``), when it writes the same.
+- the state is given to the step even when its ``expires_ms`` has passed (under the rate it
+  was written for, it then decides like no state);
+- an admitted step writes ``(outcome.reset_ms, new state)``; a rejected one writes the same
+  when the limit counts rejected hits (``COUNT_REJECTED``), else nothing. (``hit_one`` also
+  writes after a rejection when the state was written under another rate, a restated gcra
+  state or a lowered limit's later expiry; a replay's rate never changes.)
 
 So the decisions are the store's (``tests/simulate/test_fast_paths.py`` drives both with the
 same random, partly unsorted logs for every algorithm and option ``--limit`` takes). Memory:
@@ -55,16 +58,14 @@ class OneRate:
             rejected: list[str] = []
             for key in keys:
                 entry = get(key)
-                outcome, new = step(
-                    None if entry is None or entry[0] <= now_ms else entry[1],
-                    limit, now_ms, 1, True,
-                )  # fmt: skip
+                state = None if entry is None else entry[1]  # a stale one too, as hit_one
+                outcome, new = step(state, limit, now_ms, 1, True)
                 if outcome[0]:
                     states[key] = (outcome[2], new)  # reset_ms: expires_ms(new), algorithms/base
-                else:
-                    rejected.append(key)
-                    if count_rejected:
-                        states[key] = (outcome[2], new)
+                    continue
+                rejected.append(key)
+                if count_rejected:
+                    states[key] = (outcome[2], new)
             out.append(rejected)
         if len(states) > self._sweep_at and runs:
             self._sweep(runs[-1][1])
