@@ -44,13 +44,17 @@ Headers = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A response to send instead of calling the app."""
+    """A response to send instead of calling the app; a rate rejection keeps its ``decision``
+    (the refusing rate, ``retry_after``, ...) for whoever shapes the answer."""
 
     check: str
     error: str
     status: int
     headers: Headers
     body: bytes
+    decision: Decision | None = None
+    message: str | None = None
+    """The check's own message (``RateCheck(message=...)``), when it has one."""
 
     @property
     def status_line(self) -> str:
@@ -108,6 +112,8 @@ def _build(
     status: int,
     headers: Headers,
     body: Mapping[str, object],
+    decision: Decision | None = None,
+    message: str | None = None,
     content_type: str = "application/json",
 ) -> Rejection:
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -121,14 +127,21 @@ def _build(
             ("Content-Length", str(len(data))),
         ),
         data,
+        decision,
+        message,
     )
 
 
 def rate_rejection(
-    check: str, decision: Decision, status: int = 429, problem: bool = False
+    check: str,
+    decision: Decision,
+    status: int = 429,
+    problem: bool = False,
+    own: str | None = None,
 ) -> Rejection:
     """429 (or ``status`` 403) for a request rate over ``decision.rate``; with ``problem``,
-    the draft's ``quota-exceeded`` problem details (module docstring)."""
+    the draft's ``quota-exceeded`` problem details (module docstring); ``own`` replaces the
+    body's message."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -140,7 +153,7 @@ def rate_rejection(
             f"You have exceeded a secondary rate limit: this request needs more than the "
             f"{decision.remaining} left. {advice}"
         )
-    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
+    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}" if own is None else own
     body: dict[str, object] = {
         "error": "rate_limited",
         "limit": decision.limit,
@@ -150,7 +163,7 @@ def rate_rejection(
     }
     headers = decision_headers(check, decision)
     if not problem:
-        return _build(check, "rate_limited", status, headers, body)
+        return _build(check, "rate_limited", status, headers, body, decision, own)
     body = {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_EXCEEDED_TITLE,
@@ -159,7 +172,7 @@ def rate_rejection(
         "violated-policies": [ascii_name(check)],
         **body,
     }
-    return _build(check, "rate_limited", status, headers, body, PROBLEM_JSON)
+    return _build(check, "rate_limited", status, headers, body, decision, own, PROBLEM_JSON)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:

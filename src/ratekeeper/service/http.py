@@ -43,11 +43,12 @@ from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import Pending
 from ..plan import Op, decide
-from . import dashboard
+from . import dashboard, quota_routes
 from .config import OVER_LIMIT_STATUSES, PolicySpec
 from .engine import Engine, LeaseResult, Result
 from .http_guard import BrowserRules, Head
 from .http_hit import HttpHits
+from .metrics import OPENMETRICS_TEXT, wants_openmetrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,11 +94,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/admin/reload", "admin"),
     Route("POST", "/v1/admin/policies/{name}", "admin"),
     Route("GET", "/healthz", "public"),
+    Route("GET", "/healthcheck", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
     Route("GET", "/dashboard", "public"),
     Route("GET", "/dashboard/data", "client"),
     Route("POST", "/dashboard/modes", "admin"),
+    *(Route(*r) for r in quota_routes.routes()),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
@@ -273,7 +276,7 @@ class HttpApi:
                 result = engine.decide_now(op, spec, key, cost, stored)
                 if result is None:
                     later = True
-                    if soon:
+                    if soon and not spec.plan:
                         kind: Op = "hit" if op == "hit" else "peek"
                         pending = engine.limiter.decide_soon(kind, stored, spec.policy, cost)
                         if pending is not None:  # in the store's next batch
@@ -341,10 +344,16 @@ class HttpApi:
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
+        if route.path == "/healthcheck":  # envoyproxy/ratelimit's: the process serves
+            return 200, {"status": "ok"}, {}
         if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if route.path == "/metrics":
+        if route.path == "/metrics":  # OpenMetrics when the scraper asks for it
+            accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+            if wants_openmetrics(accept.decode("latin-1")):
+                body = self.engine.metrics.exposition(openmetrics=True)
+                return 200, body, {"content-type": OPENMETRICS_TEXT}
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
@@ -373,6 +382,11 @@ class HttpApi:
             if "lease" not in req:
                 raise BadRequest("lease", "lease is missing; expected the token from acquire")
             return 200, {"released": await self.engine.release(req["lease"])}, {}
+        if route.path.startswith(("/v1/status", quota_routes.ADMIN)):
+            fields = quota_routes.FIELDS.get(route.path[len(quota_routes.ADMIN) :])
+            given = None if fields is None else _object(await _body(scope, receive), fields)
+            status, body = await quota_routes.answer(self.engine, route.path, scope, given)
+            return status, body, {"cache-control": "no-store"}
         if route.path == "/v1/admin/reload":
             await _body(scope, receive)
             error = await self.reload()

@@ -177,6 +177,7 @@ class HttpHits:
         if (
             not spec.enabled
             or spec.block
+            or spec.plan
             or len(spec.policy.limits) != 1
             or engine.config.policies.get(spec.name) is not spec  # toggled: a copy
         ):
