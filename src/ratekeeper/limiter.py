@@ -443,6 +443,24 @@ class _Base:
         """The clock every decision is timed by."""
         return self._core.clock
 
+    def hit_now(
+        self,
+        key: str,
+        rate: RateSpec,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision | None:
+        """``hit`` decided at once by an in-process store (``LocalStore``: no plan, no I/O,
+        no coroutine), or None when it needs ``hit``'s full path (another store, a policy not
+        seen yet, a stack). The same decision ``hit`` gives; for callers on a hot path."""
+        core = self._core
+        decision = core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        if decision is not None and core.counting is not None:
+            core.count(decision)
+        return decision
+
     @property
     def local_hit_one(self) -> Callable[..., Outcome] | None:
         """The in-process store's ``hit_one`` (``LocalStore``), None for other stores: what

@@ -23,6 +23,7 @@ the response starts, so they include those limits'.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
@@ -36,8 +37,8 @@ from ..stores.memory import MemoryStore
 from . import status as status_route
 from .checks import ChargeWhen, Check, Controls
 from .costs import USAGE_KEY, Usage
-from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
-from .request import PriorityFunc, RequestInfo, from_scope, trusted_networks
+from .gate import SCOPE_KEY, Admission, Gate, Op, added_header_lines
+from .request import PriorityFunc, RequestInfo, from_scope, trusted_networks, user_of
 from .responses import Rejection
 from .runner import AsyncRunner
 from .status import check_status_path
@@ -86,6 +87,7 @@ class RateLimitMiddleware:
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
+        on_error: str = "open",
         quotas: Quotas | None = None,
         status_path: str | None = None,
         problem_details: bool = False,
@@ -104,6 +106,7 @@ class RateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            on_error=on_error,
             quotas=quotas,
             problem_details=problem_details,
             asgi=True,
@@ -137,9 +140,12 @@ class RateLimitMiddleware:
             if rejection is not None:
                 extra = _encode(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if gate.on_error == "raise":  # tests: see it
+                raise
             gate.failed_open("ratekeeper", exc)
             rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
+            adm.request = None  # see the end
             await self.runner.finish(adm, rejection.status)
             start = {"type": "http.response.start", "status": rejection.status}
             await send({**start, "headers": extra})
@@ -147,7 +153,10 @@ class RateLimitMiddleware:
             await send({"type": "http.response.body", "body": body})
             return
         if not adm.entered:  # exempt
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                adm.request = None  # see the end
             return
         status: int | None = None
 
@@ -159,14 +168,17 @@ class RateLimitMiddleware:
                     usage.status = status
                     usage.headers = _decoded(message.get("headers", ()))
                 # read now: a route's limits may have joined the admission after routing
-                added = added_headers(adm)
-                if added:
+                if adm.best is not None or adm.rejection is not None or adm.busy:
                     try:
-                        more = _encode(added)
+                        more = added_header_lines(adm)
+                        headers = message.get("headers", ())
+                        if adm.rejection is not None:  # the app answered it: keep what it sent
+                            sent = {name.lower() for name, _ in headers}
+                            more = [line for line in more if line[0] not in sent]
                     except Exception as exc:  # never break the app's response
                         gate.failed_open("ratekeeper", exc)
                     else:
-                        message = {**message, "headers": [*message.get("headers", ()), *more]}
+                        message = {**message, "headers": [*headers, *more]}
             elif usage is not None and message["type"] == "http.response.body":
                 usage.response_bytes += len(message.get("body", b""))
                 if not message.get("more_body", False):
@@ -179,7 +191,14 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            await self.runner.finish(adm, status)
+            # the scope holds the admission, which holds the request, which holds the scope:
+            # broken here, so the request's objects go by reference counting rather than
+            # as garbage for the cycle collector (which costs every request a share of it);
+            # after finish, whose settles ask a check's ``actual`` about the request
+            try:
+                await self.runner.finish(adm, status)
+            finally:
+                adm.request = None
 
     async def _status(self, scope: Scope, send: Send, request: RequestInfo) -> None:
         """Answer the status route (``middleware.status``): GET or HEAD only, never charged."""
@@ -189,6 +208,8 @@ class RateLimitMiddleware:
             try:
                 status, headers, body = await self.runner.status(request)
             except Exception as exc:  # a bug or a plan source's garbage: 503, logged
+                if self.gate.on_error == "raise":  # tests: see it
+                    raise
                 self.gate.failed_open("ratekeeper", exc, count=False)
                 status, headers, body = status_route.unavailable()
         start = {"type": "http.response.start", "status": status}
@@ -199,19 +220,26 @@ class RateLimitMiddleware:
     async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
         admission after routing; return the rejection to answer with, if any. The hook of the
-        framework integrations; this middleware adds the headers and finishes the request."""
-        if adm.request is None or not positions:
+        framework integrations; this middleware adds the headers and finishes the request.
+        The route's checks see the request as it is now: a user that an authentication
+        middleware inside this one has put in the scope since is the request's user."""
+        request = adm.request
+        if request is None or not positions:
             return adm.rejection
-        return await self.runner.admit(adm.request, adm, positions)
+        if request.user is None and "user" in request.raw:  # set inside us since: see it
+            request = adm.request = dataclasses.replace(request, user=user_of(request.raw))
+        return await self.runner.admit(request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
-        """Counters per check, requests in flight, the shedding checks' state (``shedding``)
-        and the limiter's store failures."""
+        """Counters per check, requests in flight, the shedding checks' state (``shedding``),
+        the limiter's store failures and the errors of the application's functions
+        (``user_errors``: per check, per function kind)."""
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
             "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
+            "user_errors": self.gate.user_error_stats(),
         }
 
 

@@ -122,6 +122,8 @@ class RateCheck:
     refunds the charge. ``status`` answers a rejection: 429, or 403 for an exhausted quota.
     ``unit`` (``content-bytes`` for a byte budget) is the quota unit of the check's rates that
     state none (``Rate.unit``), sent as ``RateLimit-Policy``'s ``qu``.
+    ``message`` replaces the rejection body's message (default: the check, its rate and when
+    to retry).
     """
 
     name: str
@@ -135,12 +137,15 @@ class RateCheck:
     cost: int | CostFunc = 1
     charge_when: ChargeWhen | None = None
     unit: str = "requests"
+    message: str | None = None
     status: int = 429
     where: _Scope = field(init=False, repr=False, compare=False)
     qu: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        if self.message is not None and not isinstance(self.message, str):
+            raise ConfigError(f"message={self.message!r} is invalid; expected a string")
         if self.status not in (429, 403) or isinstance(self.status, bool):
             raise ConfigError(f"status={self.status!r} is invalid; expected 429 or 403")
         if callable(self.rate):
@@ -508,11 +513,15 @@ class Controls:
 
     def count(self, check: str, what: str) -> None:
         """Add one to a counter of ``check`` (see ``COUNTERS``)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: cheaper, and every decision counts one
+        try:
             counts = self._counts.get(check)
             if counts is None:
                 counts = self._counts[check] = dict.fromkeys(COUNTERS, 0)
             counts[what] += 1
+        finally:
+            lock.release()
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters per check: allowed, rejected, shadow_rejected, failed_open, skipped."""

@@ -45,13 +45,17 @@ Headers = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A response to send instead of calling the app."""
+    """A response to send instead of calling the app; a rate rejection keeps its ``decision``
+    (the refusing rate, ``retry_after``, ...) for whoever shapes the answer."""
 
     check: str
     error: str
     status: int
     headers: Headers
     body: bytes
+    decision: Decision | None = None
+    message: str | None = None
+    """The check's own message (``RateCheck(message=...)``), when it has one."""
 
     @property
     def status_line(self) -> str:
@@ -136,6 +140,8 @@ def _build(
     status: int,
     headers: Headers,
     body: Mapping[str, object],
+    decision: Decision | None = None,
+    message: str | None = None,
     content_type: str = "application/json",
 ) -> Rejection:
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -149,6 +155,8 @@ def _build(
             ("Content-Length", str(len(data))),
         ),
         data,
+        decision,
+        message,
     )
 
 
@@ -159,11 +167,12 @@ def rate_rejection(
     problem: bool = False,
     item: str | None = None,
     unit: str | None = None,
+    own: str | None = None,
 ) -> Rejection:
     """429 (or ``status`` 403) for a request rate over ``decision.rate``; with ``problem``,
     the draft's ``quota-exceeded`` problem details (module docstring). ``item``: the nested
     check's level that rejected, as headers name it; ``unit``: the quota unit of rates that
-    state none (``Decision.headers``)."""
+    state none (``Decision.headers``); ``own`` replaces the body's message."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -176,7 +185,7 @@ def rate_rejection(
             f"{decision.remaining} left. {advice}"
         )
     where = f"{check!r} ({rate.code})" if item is None else f"{item!r} ({rate.code})"
-    message = f"Rate limit {where} exceeded. {advice}"
+    message = f"Rate limit {where} exceeded. {advice}" if own is None else own
     body: dict[str, object] = {
         "error": "rate_limited",
         "limit": decision.limit,
@@ -188,7 +197,7 @@ def rate_rejection(
         body["level"] = item
     headers = decision_headers(check, decision, unit, item)
     if not problem:
-        return _build(check, "rate_limited", status, headers, body)
+        return _build(check, "rate_limited", status, headers, body, decision, own)
     body = {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_EXCEEDED_TITLE,
@@ -197,7 +206,7 @@ def rate_rejection(
         "violated-policies": [ascii_name(item or check)],
         **body,
     }
-    return _build(check, "rate_limited", status, headers, body, PROBLEM_JSON)
+    return _build(check, "rate_limited", status, headers, body, decision, own, PROBLEM_JSON)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..admission import AdmissionQueue, AsyncAdmissionQueue
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..decision import Decision
 from ..errors import StoreUnavailable
 from ..limiter import AsyncLimiter, Limiter, store_name
 from ..metrics.core import Metrics
@@ -34,7 +35,8 @@ from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
 from . import status as status_route
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
-from .gate import Admission, Failure, Gate, Op, run, run_async
+from .gate import Admission, Failure, Gate, Op, UserFunctionError, run, run_async
+from .ops import Flow
 from .request import RequestInfo
 from .responses import Rejection
 
@@ -143,6 +145,8 @@ class _Base:
         try:
             return self.gate.finish(adm, status)
         except Exception as exc:
+            if self.gate.on_error == "raise":
+                raise
             self.gate.failed_open("ratekeeper", exc, count=False)
             return []
 
@@ -239,6 +243,8 @@ class Runner(_Base):
         try:
             run(self.gate.admit(request, adm, positions), self._dispatch)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if self.gate.on_error == "raise":  # tests: see it
+                raise
             self.gate.failed_open("ratekeeper", exc)
         except BaseException:  # interrupted (module docstring): give back what was granted
             self._run_ops(self.gate.abort(adm))
@@ -252,6 +258,23 @@ class Runner(_Base):
     def settle(self, adm: Admission, status: int | None) -> None:
         """Settle the request's reservations now (the response has ended; once)."""
         self._run_ops(self._settling(adm, status))
+
+    def peek(self, request: RequestInfo, position: int) -> Decision | None:
+        """The rate check at ``position``'s decision for ``request`` without charging it;
+        None where it does not apply or could not be asked (an error: see ``Gate``)."""
+        check = self._rates[position]
+        try:
+            op = self.gate.rate_op(position, check, request)
+            if op is None:
+                return None
+            decision: Decision = self.limiter.peek(
+                op.key, op.rate, algorithm=check.algorithm, cost=op.cost, burst=check.burst,
+                buckets=check.buckets,
+            )  # fmt: skip
+        except UserFunctionError as err:
+            self.gate.user_failed(check.name, err, count=False)
+            return None
+        return None if decision.degraded else decision
 
     def _run_ops(self, ops: list[Op]) -> None:
         for op in ops:
@@ -325,13 +348,40 @@ class AsyncRunner(_Base):
                 return result
 
         try:
-            await run_async(self.gate.admit(request, adm, positions), execute)
+            if self._inline:
+                await self._run_inline(self.gate.admit(request, adm, positions))
+            else:
+                await run_async(self.gate.admit(request, adm, positions), execute)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if self.gate.on_error == "raise":  # tests: see it
+                raise
             self.gate.failed_open("ratekeeper", exc)
         except BaseException:  # cancelled (module docstring): give back what was granted
             await _shielded(self._abort(adm, flight))
             raise
         return adm.rejection
+
+    async def _run_inline(self, flow: Flow) -> None:
+        """Drive ``flow`` on an in-process store: a rate ``hit`` is decided at once
+        (``AsyncLimiter.hit_now``: the same decision, without a coroutine), anything else is
+        awaited as ``run_async`` would."""
+        hit_now = self.limiter.hit_now
+        rates = self._rates
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    result = None
+                    if op.kind == "hit":
+                        c = rates[op.position]
+                        result = hit_now(op.key, op.rate, c.algorithm, op.cost, c.burst, c.buckets)
+                    if result is None:
+                        result = await self._dispatch(op)
+                except Exception as exc:
+                    result = Failure(exc)
+                op = flow.send(result)
+        except StopIteration:
+            return
 
     async def _abort(self, adm: Admission, flight: list[tuple[Op, asyncio.Future[Any]]]) -> None:
         op = result = None

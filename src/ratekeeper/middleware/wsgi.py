@@ -106,6 +106,7 @@ class WSGIRateLimitMiddleware:
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
+        on_error: str = "open",
         quotas: Quotas | None = None,
         status_path: str | None = None,
         problem_details: bool = False,
@@ -124,6 +125,7 @@ class WSGIRateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            on_error=on_error,
             quotas=quotas,
             problem_details=problem_details,
         )
@@ -140,6 +142,8 @@ class WSGIRateLimitMiddleware:
             try:
                 status, headers, body = self.runner.status(request)
             except Exception as exc:  # a bug or a plan source's garbage: 503, logged
+                if self.gate.on_error == "raise":  # tests: see it
+                    raise
                 self.gate.failed_open("ratekeeper", exc, count=False)
                 status, headers, body = status_route.unavailable()
         start_response(STATUS_LINES.get(status, f"{status} Error"), list(headers))
@@ -166,6 +170,8 @@ class WSGIRateLimitMiddleware:
             if rejection is not None:
                 extra = _latin1(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if gate.on_error == "raise":  # tests: see it
+                raise
             gate.failed_open("ratekeeper", exc)
             rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
@@ -209,13 +215,15 @@ class WSGIRateLimitMiddleware:
         return self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
-        """Counters per check, requests in flight, the shedding checks' state (``shedding``)
-        and the limiter's store failures."""
+        """Counters per check, requests in flight, the shedding checks' state (``shedding``),
+        the limiter's store failures and the errors of the application's functions
+        (``user_errors``: per check, per function kind)."""
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
             "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
+            "user_errors": self.gate.user_error_stats(),
         }
 
 

@@ -11,7 +11,8 @@ The slot map can be stale (a resharded slot, a failover). A call the node refuse
 again through the cluster client (``direct``), which follows the redirect and refreshes its
 map; the next calls of that slot then go to the new owner's batch. A timeout is never re-sent
 (the script may have run): that call fails, and the limiter fails open. The cluster is one
-failure domain, as for ``RedisClusterStore`` (one circuit breaker).
+failure domain, as for ``RedisClusterStore`` (one circuit breaker). A ``ClusterBatcher`` serves
+one event loop: the store keeps one per loop with its cluster client (``loops.PerLoop``).
 """
 
 from __future__ import annotations

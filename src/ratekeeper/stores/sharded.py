@@ -44,7 +44,7 @@ from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
 from .layout import CompactLayout, check_layout
-from .redis import RedisStore
+from .redis import AsyncClientSource, RedisStore
 from .rendezvous import Rendezvous
 from .sentinel import SentinelClients, SentinelShard, sentinel_clients
 from .urls import address, check_url, redact
@@ -102,7 +102,7 @@ class _Node:
         def store(
             url: str | None = None,
             client: redis.Redis | None = None,
-            async_client: redis.asyncio.Redis | None = None,
+            async_client: AsyncClientSource | None = None,
         ) -> RedisStore:
             return RedisStore(
                 url, client=client, async_client=async_client, prefix=prefix,
@@ -354,12 +354,10 @@ class ShardedRedisStore:
                 node.sentinel.close()
 
     async def aclose(self) -> None:
-        """Close every async client's connections."""
+        """Close the running event loop's async connections (see ``RedisStore.aclose``)."""
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 await store.aclose()
-            if node.sentinel is not None:
-                await node.sentinel.aclose()
 
 
 def _unavailable(node: _Node, exc: StoreUnavailable) -> StoreUnavailable:
