@@ -51,7 +51,15 @@ from django.utils.module_loading import import_string
 
 from ..decision import Decision
 from ..errors import ConfigError
-from ..middleware.checks import ChargeWhen, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.checks import (
+    ChargeWhen,
+    CheckLevel,
+    Controls,
+    CostFunc,
+    RateFunc,
+    RateSpec,
+)
+from ..middleware.costs import USAGE_KEY, Usage
 from ..middleware.gate import SCOPE_KEY, Admission, Gate, added_headers
 from ..middleware.request import (
     KeyFunc,
@@ -64,6 +72,7 @@ from ..middleware.request import (
 )
 from ..middleware.responses import Rejection
 from ..middleware.runner import AsyncRunner, Runner
+from .nested_routes import nested_limit
 from .routes import Limit, Routes, RouteTable
 from .settings import read
 
@@ -212,6 +221,17 @@ class Limits:
             return rejection.decision
         return None if adm.best is None else adm.best[1]
 
+    def admission(self, request: HttpRequest, info: RequestInfo) -> Admission:
+        """A new admission for ``request``, with a ``costs.Usage`` (in ``request.META``, where
+        ``costs.report(request.META, n)`` finds it) for a check that settles after the
+        response: always, since Django imports the views, and so learns of their limits, on
+        the first request."""
+        usage = request.META[USAGE_KEY] = Usage()
+        length = str(request.META.get("CONTENT_LENGTH") or "")
+        # the body Django reads is at most Content-Length (its LimitedStream): the bytes
+        usage.request_bytes = int(length) if length.isascii() and length.isdigit() else 0
+        return Admission(info, usage)
+
     def respond(self, request: HttpRequest, rejection: Rejection) -> HttpResponseBase:
         """The answer to a rejection (``ON_BREACH``)."""
         return self.on_breach(request, rejection)
@@ -219,17 +239,20 @@ class Limits:
     def complete(self, adm: Admission, response: HttpResponseBase) -> HttpResponseBase:
         """Add the headers; finish when the response is done (sync)."""
         _add_headers(adm, response)
+        usage = _record(adm, response)
         if not getattr(response, "streaming", False):
             self.sync.finish(adm, response.status_code)
         elif getattr(response, "is_async", False):
             response.streaming_content = _finish_after_async(  # type: ignore[attr-defined]
                 response.streaming_content,  # type: ignore[attr-defined]
                 lambda: self.aio.finish(adm, response.status_code),
+                usage,
             )
         else:
             response.streaming_content = _finish_after(  # type: ignore[attr-defined]
                 response.streaming_content,  # type: ignore[attr-defined]
                 lambda: self.sync.finish(adm, response.status_code),
+                usage,
             )
         return response
 
@@ -238,6 +261,7 @@ class Limits:
         if getattr(response, "streaming", False):
             return self.complete(adm, response)
         _add_headers(adm, response)
+        _record(adm, response)
         await self.aio.finish(adm, response.status_code)
         return response
 
@@ -248,17 +272,44 @@ def _add_headers(adm: Admission, response: HttpResponseBase) -> None:
             response[name] = value
 
 
-def _finish_after(content: Iterable[bytes], finish: Callable[[], None]) -> Iterator[bytes]:
+def _record(adm: Admission, response: HttpResponseBase) -> Usage | None:
+    """Put the response's status, headers and (when not streamed) body bytes in the request's
+    usage, for a check that settles; the usage, or None when none settles."""
+    usage = adm.usage
+    if usage is None or not any(op.kind == "reserve" for op in adm.charged):
+        return None
+    usage.status = response.status_code
+    usage.headers = {k.lower(): v for k, v in response.items()}
+    if not getattr(response, "streaming", False):
+        usage.response_bytes = len(getattr(response, "content", b""))
+        usage.completed = True
+    return usage
+
+
+def _finish_after(
+    content: Iterable[bytes], finish: Callable[[], None], usage: Usage | None = None
+) -> Iterator[bytes]:
     try:
-        yield from content
+        for chunk in content:
+            if usage is not None:
+                usage.response_bytes += len(chunk)
+            yield chunk
+        if usage is not None:
+            usage.completed = True
     finally:
         finish()
 
 
-async def _finish_after_async(content: Any, finish: Callable[[], Any]) -> AsyncIterator[bytes]:
+async def _finish_after_async(
+    content: Any, finish: Callable[[], Any], usage: Usage | None = None
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in content:
+            if usage is not None:
+                usage.response_bytes += len(chunk)
             yield chunk
+        if usage is not None:
+            usage.completed = True
     finally:
         await finish()
 
@@ -367,7 +418,7 @@ class RateLimitMiddleware:
             return self._call_async(request)
         limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
-        adm = request.META[SCOPE_KEY] = Admission(info)
+        adm = request.META[SCOPE_KEY] = limits.admission(request, info)
         rejection = limits.sync.admit(info, adm)
         if rejection is not None:
             return limits.complete(adm, limits.respond(request, rejection))
@@ -376,7 +427,7 @@ class RateLimitMiddleware:
     async def _call_async(self, request: HttpRequest) -> HttpResponseBase:
         limits = request.META[LIMITS_KEY] = current()
         info = limits.info(request)
-        adm = request.META[SCOPE_KEY] = Admission(info)
+        adm = request.META[SCOPE_KEY] = limits.admission(request, info)
         rejection = await limits.aio.admit(info, adm)
         if rejection is not None:
             return await limits.acomplete(adm, limits.respond(request, rejection))
@@ -502,6 +553,20 @@ def ratelimit(
     return decorate
 
 
+def nested_ratelimit(levels: Iterable[CheckLevel], **options: Any) -> Callable[[V], V]:
+    """Nested limits on a view (``RouteLimits.nested_limit``'s, for Django): ``levels``
+    outermost first, each with its own key and rate, charged all or nothing; with ``actual=``
+    the ``cost`` is an estimate settled when the response has ended (``costs.report(
+    request.META, n)`` from the view). Needs the middleware in ``MIDDLEWARE``."""
+    limit = nested_limit(list(levels), **options)
+
+    def decorate(view: V) -> V:
+        TABLE.mark(limit)(view)
+        return view
+
+    return decorate
+
+
 def _join(request: HttpRequest) -> tuple[bool, Limits, RequestInfo, Admission]:
     """The request's admission, started here (``owner``: this wrapper finishes it) unless the
     middleware or an outer decorator started it."""
@@ -511,7 +576,7 @@ def _join(request: HttpRequest) -> tuple[bool, Limits, RequestInfo, Admission]:
         return False, limits, adm.request or limits.info(request), adm
     limits = request.META[LIMITS_KEY] = current()
     info = limits.info(request)
-    adm = request.META[SCOPE_KEY] = Admission(info)
+    adm = request.META[SCOPE_KEY] = limits.admission(request, info)
     return True, limits, info, adm
 
 

@@ -50,7 +50,8 @@ from ..middleware.checks import RateFunc, RateSpec
 from ..middleware.gate import SCOPE_KEY, Admission, added_header_lines, added_headers
 from ..middleware.request import from_scope
 from ..middleware.responses import Rejection
-from .routes import Limit, Routes
+from .nested_routes import NestedLimit
+from .routes import Limit, RouteLimit, Routes
 from .settings import Settings
 from .shell import F, Resolved, Shell
 
@@ -96,12 +97,20 @@ class RouteLimits(Shell):
     """What a rejection raises (a subclass of ``RateLimited``, built from the rejection)."""
 
     def dependency(
-        self, rate: RateSpec | RateFunc, *, name: str | None = None, **options: Any
+        self, rate: RateSpec | RateFunc | NestedLimit, *, name: str | None = None, **options: Any
     ) -> Callable[[Request], Awaitable[None]]:
         """A limit as a dependency, e.g. ``APIRouter(dependencies=[Depends(limits.dependency(
         "100/minute"))])``: counted per route (named ``route@dN``) unless given a ``name``;
-        the options of ``limit``."""
-        limit = Limit(rate, name=name, **options)
+        the options of ``limit``. ``rate`` may be a ``NestedLimit`` (``nested_routes``), its
+        options its own."""
+        limit: RouteLimit
+        if isinstance(rate, NestedLimit):
+            if options or name is not None:
+                raise ConfigError("dependency(NestedLimit(...)) takes no options: give them to it")
+            limit = rate
+            self.table.note(limit)
+        else:
+            limit = Limit(rate, name=name, **options)
         label = f"d{next(self.serial)}"
         positions: dict[str, int] = {}
 

@@ -29,14 +29,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 from ..errors import ConfigError
 from ..middleware.checks import ChargeWhen, CostFunc, RateCheck, RateFunc, RateSpec
 from ..middleware.gate import Gate
 from ..middleware.request import KeyFunc, client_ip
+from .nested_routes import NestedLimit
 
 T = TypeVar("T")
+RouteLimit = Union["Limit", NestedLimit]
+"""What a route can carry: a rate limit, or a nested one (``nested_routes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +115,30 @@ class RouteTable:
     """Limits and exemptions put on views and groups of views, by object."""
 
     def __init__(self) -> None:
-        self._limits: dict[Any, list[Limit]] = {}
+        self._limits: dict[Any, list[RouteLimit]] = {}
         self._exempt: set[Any] = set()
-        self._shared: dict[str, Limit] = {}
+        self._shared: dict[str, RouteLimit] = {}
+        self._gates: list[Gate] = []
+        self.settling = False
+        """Whether a limit here settles after the response (``NestedLimit`` with ``actual``)."""
 
-    def mark(self, limit: Limit) -> Callable[[T], T]:
+    def attach(self, gate: Gate) -> None:
+        """Bind ``gate`` to this table: told (``Gate.settling``) once a limit here settles, so
+        its middleware keeps each request's usage before the route's check is first added."""
+        self._gates.append(gate)
+        if self.settling:
+            gate.settling = True
+
+    def note(self, limit: RouteLimit) -> None:
+        """Remember whether ``limit`` settles (``mark`` does; a dependency's limit too)."""
+        if isinstance(limit, NestedLimit) and limit.settles:
+            self.settling = True
+            for gate in self._gates:
+                gate.settling = True
+
+    def mark(self, limit: RouteLimit) -> Callable[[T], T]:
         """A decorator putting ``limit`` on a view or group; returns it unchanged."""
+        self.note(limit)
         if limit.name is not None:
             known = self._shared.setdefault(limit.name, limit)
             if known != limit:
@@ -139,10 +160,10 @@ class RouteTable:
         self._exempt.add(target)
         return target
 
-    def limits_of(self, target: Any) -> tuple[bool, list[Limit]]:
+    def limits_of(self, target: Any) -> tuple[bool, list[RouteLimit]]:
         """Whether ``target`` is exempt, and the limits put on it (through wrappers too)."""
         exempt = False
-        limits: list[Limit] = []
+        limits: list[RouteLimit] = []
         for obj in _unwrapped(target):
             try:
                 exempt = exempt or obj in self._exempt
@@ -171,11 +192,12 @@ class Routes:
         self.key = key
         self.algorithm = algorithm
         self._cache: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._bound: dict[tuple[str, int], tuple[Limit, int]] = {}
+        self._bound: dict[tuple[str, int], tuple[RouteLimit, int]] = {}
         """(route, id(limit)) -> (the limit, kept alive; its position)."""
         self._unnamed: dict[str, int] = {}
         """Limits without a name bound so far per route (their names: route, route#2, ...)."""
         self._lock = threading.Lock()
+        table.attach(gate)
 
     def positions(self, route: str, targets: Sequence[Any]) -> tuple[int, ...]:
         """The positions a request to ``route`` walks; ``targets`` are the view, then the groups
@@ -191,12 +213,12 @@ class Routes:
         if found is not None:
             return found
         exempt = False
-        own: list[Limit] = []
+        own: list[RouteLimit] = []
         for target in targets:
             is_exempt, limits = self.table.limits_of(target)
             exempt = exempt or is_exempt
             own.extend(limits)
-        rest: list[Limit] = []
+        rest: list[RouteLimit] = []
         if not exempt and not any(limit.override_defaults for limit in own):
             rest.extend(self.default)
         if not exempt:
@@ -208,12 +230,12 @@ class Routes:
             self._cache[cache_key] = found
         return found
 
-    def position(self, limit: Limit, route: str, label: str) -> int:
+    def position(self, limit: RouteLimit, route: str, label: str) -> int:
         """The position of one limit on ``route`` outside the table (a dependency): named
         ``route@label`` unless the limit has a name of its own."""
         return self.gate.add(limit.bind(f"{route}@{label}", self.key, self.algorithm))
 
-    def bind(self, limit: Limit, route: str) -> int:
+    def bind(self, limit: RouteLimit, route: str) -> int:
         """The position of ``limit`` on ``route``: the same every time (see the module
         docstring); an unnamed limit is named after the route (``route``, ``route#2``, ...)."""
         key = (route, id(limit))

@@ -12,10 +12,19 @@ from typing import Any, TypeVar
 
 from ..clock import Clock
 from ..metrics.core import Metrics
-from ..middleware.checks import ChargeWhen, Check, Controls, CostFunc, RateFunc, RateSpec
+from ..middleware.checks import (
+    ChargeWhen,
+    Check,
+    CheckLevel,
+    Controls,
+    CostFunc,
+    RateFunc,
+    RateSpec,
+)
 from ..middleware.gate import check_on_error
 from ..middleware.request import KeyFunc, PriorityFunc, client_ip
 from ..plan import make_policy
+from .nested_routes import NestedLimit, nested_limit
 from .routes import Limit, RouteTable, as_limits
 from .settings import Settings
 
@@ -156,6 +165,16 @@ class Shell:
         """A limit named ``name``: one counter for every view it decorates (the options of
         ``limit``)."""
         return self.decorator(self.table.mark(Limit(rate, name=name, **options)))
+
+    def nested_limit(
+        self, levels: Iterable[CheckLevel], *, name: str | None = None, **options: Any
+    ) -> Callable[[F], F]:
+        """Decorate a view (or a group of views) with nested limits: ``levels`` (outermost
+        first), each with its own key and rate, charged all or nothing; with ``actual=`` the
+        ``cost`` is an estimate settled when the response has ended. Options: those of
+        ``NestedLimit``; counted per route unless given a ``name``."""
+        limit: NestedLimit = nested_limit(list(levels), name=name, **options)
+        return self.decorator(self.table.mark(limit))
 
     def decorator(self, mark: Callable[[F], F]) -> Callable[[F], F]:
         """What ``limit`` and ``shared_limit`` return, given the decorator that marks a view:

@@ -10,6 +10,12 @@ cancellation on asyncio, so the release itself is not cancelled).
 Cancelled during admission (client gone, an outer timeout, shutdown): see ``AsyncRunner``;
 what was granted is refunded and released before the cancellation goes on.
 
+A ``NestedCheck`` with ``actual`` settles as soon as the response has ended: once the last
+body chunk (``more_body=False``) has been sent, else (the client went away, the app raised or
+was cancelled) when the app returns, shielded like every refund. Its ``costs.Usage`` (in the
+scope under ``costs.USAGE_KEY``, where ``costs.report`` finds it) counts the body bytes each
+way and keeps the response's status and headers.
+
 The request's ``Admission`` is left in the scope (``gate.SCOPE_KEY``): a framework integration
 walks a route's limits into it after routing (``admit_route``), and the headers are read when
 the response starts, so they include those limits'.
@@ -30,6 +36,7 @@ from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
 from . import status as status_route
 from .checks import ChargeWhen, Check, Controls
+from .costs import USAGE_KEY, Usage
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_header_lines
 from .request import PriorityFunc, RequestInfo, from_scope, trusted_networks, user_of
 from .responses import Rejection
@@ -122,7 +129,11 @@ class RateLimitMiddleware:
         if self.status_path is not None and request.path == self.status_path:
             await self._status(scope, send, request)
             return
-        adm = scope[SCOPE_KEY] = Admission(request)
+        usage = None
+        if gate.settling:
+            usage = scope[USAGE_KEY] = Usage()
+            receive = _counting(receive, usage)
+        adm = scope[SCOPE_KEY] = Admission(request, usage)
         extra: list[tuple[bytes, bytes]] = []
         try:
             rejection = await self.runner.admit(request, adm)
@@ -153,8 +164,11 @@ class RateLimitMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if usage is not None:
+                    usage.status = status
+                    usage.headers = _decoded(message.get("headers", ()))
                 # read now: a route's limits may have joined the admission after routing
-                if adm.best is not None or adm.rejection is not None:
+                if adm.best is not None or adm.rejection is not None or adm.busy:
                     try:
                         more = added_header_lines(adm)
                         headers = message.get("headers", ())
@@ -165,6 +179,13 @@ class RateLimitMiddleware:
                         gate.failed_open("ratekeeper", exc)
                     else:
                         message = {**message, "headers": [*headers, *more]}
+            elif usage is not None and message["type"] == "http.response.body":
+                usage.response_bytes += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await send(message)
+                    usage.completed = True
+                    await self.runner.settle(adm, status)  # the response has ended
+                    return
             await send(message)
 
         try:
@@ -172,9 +193,12 @@ class RateLimitMiddleware:
         finally:
             # the scope holds the admission, which holds the request, which holds the scope:
             # broken here, so the request's objects go by reference counting rather than
-            # as garbage for the cycle collector (which costs every request a share of it)
-            adm.request = None
-            await self.runner.finish(adm, status)
+            # as garbage for the cycle collector (which costs every request a share of it);
+            # after finish, whose settles ask a check's ``actual`` about the request
+            try:
+                await self.runner.finish(adm, status)
+            finally:
+                adm.request = None
 
     async def _status(self, scope: Scope, send: Send, request: RequestInfo) -> None:
         """Answer the status route (``middleware.status``): GET or HEAD only, never charged."""
@@ -217,3 +241,21 @@ class RateLimitMiddleware:
             "store": self.limiter.stats(),
             "user_errors": self.gate.user_error_stats(),
         }
+
+
+def _counting(receive: Receive, usage: Usage) -> Receive:
+    """``receive``, adding each request body chunk's bytes to ``usage``."""
+
+    async def counted() -> Message:
+        message = await receive()
+        if message.get("type") == "http.request":
+            usage.request_bytes += len(message.get("body", b""))
+        return message
+
+    return counted
+
+
+def _decoded(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Response headers as ``Usage`` keeps them: lower-case names, latin-1 text, the last of a
+    repeated name."""
+    return {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in headers}

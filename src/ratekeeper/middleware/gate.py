@@ -23,7 +23,14 @@ Rules:
   function something that is not a whole number >= 1, has erred too;
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
-- an allowed response carries the headers of the enforced rate decision with least remaining;
+- an allowed response carries the headers of the enforced rate decision with least remaining
+  (a ``NestedCheck``'s: its deciding level's), and a ``ConcurrencyCheck``'s quota as
+  ``RateLimit-Policy``/``RateLimit`` items in ``qu="concurrent-requests"``;
+- a ``NestedCheck`` charges all its levels or none (``hit``-like ``nest`` operations); one
+  with ``actual`` reserves its estimate (``reserve``) and ``settle`` ends it with the actual
+  cost once the response has ended (``settle`` may run before ``finish``: the ASGI middleware
+  settles on the last body chunk); a refund of a nested charge is ``unnest``, of a
+  reservation ``cancel``;
 - a charge stays only if the check's ``charge_when`` (else the gate's) says so for the
   response's status; by default every status but those in ``refund_statuses`` (304) is charged;
 - the checks given to the constructor run for every request; checks registered later with
@@ -47,9 +54,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
@@ -57,7 +63,9 @@ from ..concurrency import Lease
 from ..decision import Decision, ascii_name
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
+from ..nested import NestedDecision
 from ..rates import to_rates
+from ..reservations import Reservation
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
@@ -68,13 +76,22 @@ from .checks import (
     ConcurrencyCheck,
     Controls,
     FleetCheck,
+    NestedCheck,
     RateCheck,
     WorkerCheck,
 )
+from .costs import Usage
+from .nested_checks import nested_walk, settle_ops
+from .ops import Degraded, Flow, unwrap
+from .ops import Failure as Failure
+from .ops import Op as Op
+from .ops import run as run
+from .ops import run_async as run_async
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
     Rejection,
+    concurrency_headers,
     concurrency_rejection,
     decision_headers,
     rate_rejection,
@@ -87,7 +104,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ratekeeper")
 
-Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
 OUTCOME = {
     "allowed": "allowed",
     "rejected": "rejected",
@@ -96,33 +112,6 @@ OUTCOME = {
     "skipped": "disabled",
 }
 """A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
-
-
-class Op(NamedTuple):
-    """One store operation for the check at ``position`` (a tuple: built on every request).
-
-    ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
-    gave for this request); the refund of that hit carries it too. An ``AdmissionCheck``'s
-    ``enter`` carries the tier in ``key`` (``wait`` False in shadow mode) and gets a ``Ticket``
-    or None back; its ``leave`` carries the ``ticket``.
-    """
-
-    kind: Kind
-    position: int
-    key: str = ""
-    cost: int = 1
-    critical: bool = False
-    lease: Lease | None = None
-    rate: Any = None
-    wait: bool = True
-    ticket: Ticket | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What the executor sends back when an operation raised."""
-
-    exc: Exception
 
 
 ON_ERROR = ("open", "raise")
@@ -167,6 +156,7 @@ class Admission:
     __slots__ = (
         "aborted",
         "best",
+        "busy",
         "charged",
         "done",
         "entered",
@@ -174,15 +164,23 @@ class Admission:
         "leases",
         "rejection",
         "request",
+        "settled",
         "tickets",
         "tier",
+        "usage",
         "walked",
     )
 
-    def __init__(self, request: RequestInfo | None = None) -> None:
+    def __init__(self, request: RequestInfo | None = None, usage: Usage | None = None) -> None:
         self.request = request
+        self.usage = usage
+        """What the request used (bytes, reported cost): what a settling check charges."""
         self.tier: str | None = None
-        self.best: tuple[str, Decision] | None = None
+        self.best: tuple[str, Decision, str | None, str] | None = None
+        """(the check's name, the decision, its quota unit, its item name in headers)."""
+        self.busy: list[tuple[str, int, int]] | None = None
+        """Concurrency checks passed: (name, capacity, requests in progress)."""
+        self.settled = False
         self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
         self.tickets: list[tuple[int, Ticket]] = []
@@ -207,7 +205,8 @@ def added_headers(adm: Admission) -> Headers:
     rejection = adm.rejection
     if rejection is None:
         best = adm.best
-        return () if best is None else decision_headers(*best)
+        headers = () if best is None else decision_headers(*best)
+        return concurrency_headers(headers, adm.busy) if adm.busy else headers
     return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
 
 
@@ -219,24 +218,17 @@ def added_header_lines(adm: Admission) -> list[tuple[bytes, bytes]]:
     """``added_headers`` as an ASGI server sends them (lower-case names, bytes), built from the
     decision without ``str`` headers in between."""
     best = adm.best
-    if adm.rejection is not None or best is None:
+    if adm.rejection is not None or best is None or adm.busy:
         return [(n.lower().encode(), v.encode("latin-1")) for n, v in added_headers(adm)]
-    name, decision = best
+    name, decision, unit, item = best
     resource = _RESOURCES.get(name)
     if resource is None:
         if len(_RESOURCES) >= 4096:
             _RESOURCES.clear()
         resource = _RESOURCES[name] = ascii_name(name).encode()
-    lines = decision.header_lines(name)
+    lines = decision.header_lines(item, unit)
     lines.append((_RESOURCE, resource))
     return lines
-
-
-class _Degraded(Exception):
-    """A check answered without its store (it already logged): count as failed open."""
-
-
-Flow = Generator[Op, Any, None]
 
 
 class Gate:
@@ -300,6 +292,10 @@ class Gate:
         """The plans ``"plan:<limit>"`` rates name (the runners' limiters resolve them)."""
         self.problem_details = bool(problem_details)
         """Rate rejections as problem details (``quota-exceeded``) even when not asked."""
+        self.settling = False
+        """Whether a check settles after the response (a ``NestedCheck`` with ``actual``): the
+        middleware then keeps each request's ``costs.Usage``. Set by ``add``, and by a
+        framework integration as soon as a route may get such a check (``routes``)."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -327,8 +323,8 @@ class Gate:
         (a limit shared by several routes), another check under a name in use is an error."""
         if not isinstance(check, CHECK_TYPES):
             raise ConfigError(
-                f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                "FleetCheck, WorkerCheck or AdmissionCheck"
+                f"check {check!r} is invalid; expected RateCheck, NestedCheck, "
+                "ConcurrencyCheck, FleetCheck, WorkerCheck or AdmissionCheck"
             )
         with self._lock:
             for position, known in enumerate(self.checks):
@@ -340,6 +336,8 @@ class Gate:
                         "each check needs its own name"
                     )
             position = len(self.checks)
+            if isinstance(check, NestedCheck) and check.actual is not None:
+                self.settling = True
             if isinstance(check, RateCheck) and check.plan_limit:
                 if self.quotas is None:
                     raise ConfigError(
@@ -420,7 +418,7 @@ class Gate:
                     op = self.rate_op(index, check, request, adm)
                     if op is None:
                         continue
-                    verdict = self._rated(check, adm, op, _unwrap((yield op)), mode, request)
+                    verdict = self._rated(check, adm, op, unwrap((yield op)), mode, request)
                 else:
                     verdict = yield from self._check(index, check, request, adm, mode)
             except UserFunctionError as err:
@@ -444,6 +442,9 @@ class Gate:
         self, index: int, check: Check, request: RequestInfo, adm: Admission, mode: str
     ) -> Generator[Op, Any, Rejection | bool]:
         """One check: True if allowed, False if it does not apply, else the rejection."""
+        if isinstance(check, NestedCheck):
+            result = yield from nested_walk(index, check, request, adm, mode, self.problem_details)
+            return result
         if isinstance(check, ConcurrencyCheck):
             if not check.where.applies(request):
                 return False
@@ -451,25 +452,27 @@ class Gate:
             if key is None:
                 return False
             adm.key = key
-            lease = _unwrap((yield Op("acquire", index, f"{check.name}:{key}")))
-            return self._keep(adm, index, lease) or concurrency_rejection(
-                check.name, check.capacity
-            )
+            lease, busy = unwrap((yield Op("acquire", index, f"{check.name}:{key}")))
+            if not self._keep(adm, index, lease):
+                return concurrency_rejection(check.name, check.capacity)
+            if mode == "enforce" and busy is not None:
+                adm.busy = [*(adm.busy or ()), (check.name, check.capacity, busy)]
+            return True
         if isinstance(check, RateCheck):
             op = self.rate_op(index, check, request, adm)
             if op is None:
                 return False
-            return self._rated(check, adm, op, _unwrap((yield op)), mode, request)
+            return self._rated(check, adm, op, unwrap((yield op)), mode, request)
         if adm.tier is None:
             adm.tier = call(self.priority, request, "priority")
         if isinstance(check, FleetCheck):
             critical = adm.tier == check.critical_tier
-            lease = _unwrap((yield Op("admit", index, critical=critical)))
+            lease = unwrap((yield Op("admit", index, critical=critical)))
             return self._keep(adm, index, lease) or shed_rejection(
                 check.name, check.retry_after, check.capacity
             )
         if isinstance(check, AdmissionCheck):
-            ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
+            ticket = unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
             if ticket is None:
                 return self._shed[index]
             adm.tickets.append((index, ticket))
@@ -487,14 +490,14 @@ class Gate:
     ) -> Rejection | bool:
         """A rate check's verdict on its decision: True (charged), or the rejection."""
         if decision.degraded:
-            raise _Degraded
+            raise Degraded
         if not decision.allowed:
             return self._rate_rejection(check, op, decision, request)
         adm.charged.append(op)
         if mode == "enforce":
             best = adm.best
             if best is None or decision.remaining < best[1].remaining:
-                adm.best = (check.name, decision)
+                adm.best = (check.name, decision, check.qu, check.name)
         return True
 
     def _rate_rejection(
@@ -507,7 +510,9 @@ class Gate:
         if self.quotas is not None and type(rate) is str and rate[:5] == "plan:":
             status = self.quotas.status_of(op.key, rate[5:], status)
         problem = self.problem_details or wants_problem(request.header("accept"))
-        return rate_rejection(check.name, decision, status, problem, check.message)
+        return rate_rejection(
+            check.name, decision, status, problem, unit=check.qu, own=check.message
+        )
 
     def rate_op(
         self, index: int, check: RateCheck, request: RequestInfo, adm: Admission | None = None
@@ -565,7 +570,7 @@ class Gate:
         if lease is None:
             return False
         if lease.degraded:
-            raise _Degraded
+            raise Degraded
         adm.leases.append((index, lease))
         return True
 
@@ -601,17 +606,25 @@ class Gate:
         ops: list[Op] = []
         for index, ticket in adm.tickets:
             ops.append(Op("leave", index, ticket=ticket))
+        if self.settling:  # only a settling check makes reservations
+            ops += self.settle(adm, status)
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
                 for op in adm.charged:
-                    ops.append(op._replace(kind="refund"))
+                    ops.append(_undo(op))
             elif status is not None:
                 for op in adm.charged:
                     if not self._keeps(op, status):
-                        ops.append(op._replace(kind="refund"))
+                        ops.append(_undo(op))
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def settle(self, adm: Admission, status: int | None) -> list[Op]:
+        """The ``settle`` (or ``cancel``) of each reservation the request holds, once
+        (``nested_checks.settle_ops``): by ``finish``, or earlier by a middleware that saw the
+        response end."""
+        return settle_ops(self, adm, status)
 
     def _keeps(self, op: Op, status: int) -> bool:
         """Whether the charge ``op`` stands for a response with ``status``."""
@@ -635,9 +648,16 @@ class Gate:
         call that was in flight and ``result`` what it returned (a ``Failure``, or None if
         unknown): a charge, lease or admission ticket it granted is given back too."""
         if op is not None and result is not None and not isinstance(result, Failure):
-            if op.kind == "hit" and isinstance(result, Decision):
+            if op.kind == "acquire" and isinstance(result, tuple):  # (lease, in progress)
+                result = result[0]
+            if (op.kind == "hit" and isinstance(result, Decision)) or (
+                op.kind == "nest" and isinstance(result, NestedDecision)
+            ):
                 if result.allowed and not result.degraded:
                     adm.charged.append(op)
+            elif op.kind == "reserve" and isinstance(result, Reservation):
+                if result.allowed and not result.degraded:
+                    adm.charged.append(op._replace(reservation=result))
             elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
                 adm.leases.append((op.position, result))
             elif isinstance(result, Ticket):  # enter
@@ -700,16 +720,16 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.count(name, "failed_open")
-        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+        if not self._store_reported and isinstance(exc, Degraded | StoreUnavailable):
             self._store_reported = True
             log.error(
                 "ratekeeper check %r: store %s does not answer (%s); requests go through "
                 "unchecked (fail open) until it does, later failures are logged as warnings",
                 name,
                 self.store_label,
-                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+                "a degraded answer" if isinstance(exc, Degraded) else exc,
             )
-        if isinstance(exc, _Degraded):
+        if isinstance(exc, Degraded):
             return
         self._unlogged += 1
         now = self.clock()
@@ -735,35 +755,6 @@ def arrival(request: RequestInfo) -> float | None:
     return None if stamp is None else parse_request_start(stamp)
 
 
-def _unwrap(result: Any) -> Any:
-    if isinstance(result, Failure):
-        raise result.exc
-    return result
-
-
-def run(flow: Flow, execute: Callable[[Op], Any]) -> None:
-    """Drive a gate flow with a sync executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return
-
-
-async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None:
-    """Drive a gate flow with an async executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = await execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return
+def _undo(op: Op) -> Op:
+    """The operation giving back what ``op`` charged."""
+    return op._replace(kind="unnest" if op.kind == "nest" else "refund")

@@ -35,12 +35,16 @@ from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
 from . import status as status_route
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
-from .gate import Admission, Failure, Flow, Gate, Op, UserFunctionError, run, run_async
+from .gate import Admission, Failure, Gate, Op, UserFunctionError, run, run_async
+from .ops import Flow
 from .request import RequestInfo
 from .responses import Rejection
 
 _Lease = TypeVar("_Lease")
 _Fleet = TypeVar("_Fleet")
+
+
+_NESTED = frozenset({"nest", "unnest", "reserve", "settle", "cancel"})
 
 
 class _ByPosition(dict[int, Any]):
@@ -146,6 +150,15 @@ class _Base:
             self.gate.failed_open("ratekeeper", exc, count=False)
             return []
 
+    def _settling(self, adm: Admission, status: int | None) -> list[Op]:
+        """The gate's settles for ``adm``; an error is logged and settles nothing (the
+        reservations then expire: their estimates come back)."""
+        try:
+            return self.gate.settle(adm, status)
+        except Exception as exc:
+            self.gate.failed_open("ratekeeper", exc, count=False)
+            return []
+
     def _dispatch(self, op: Op) -> Any:
         """The limiter call for ``op``: its result (sync) or an awaitable of it (async)."""
         kind = op.kind
@@ -156,16 +169,32 @@ class _Base:
                 op.key, op.rate, algorithm=c.algorithm, cost=op.cost, burst=c.burst,
                 buckets=c.buckets,
             )  # fmt: skip
+        if kind in _NESTED:
+            return self._nested(op)
         if kind == "enter":
             return self._queues[op.position].enter(op.key, op.wait)
         if kind == "leave":
             return self._queues[op.position].leave(op.ticket)
-        if kind == "acquire":
-            return self._leases[op.position].acquire(op.key)
+        if kind == "acquire":  # the lease and the requests in progress (for the headers)
+            return self._leases[op.position].acquire_counted(op.key)
         if kind == "admit":
             return self._fleets[op.position].admit(op.critical)
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
+
+    def _nested(self, op: Op) -> Any:
+        """A ``NestedCheck``'s call (``op.rate`` holds the request's levels)."""
+        limiter, kind = self.limiter, op.kind
+        if kind == "nest":
+            return limiter.nested(op.rate, cost=op.cost)
+        if kind == "unnest":
+            return limiter.refund_nested(op.rate, cost=op.cost)
+        if kind == "reserve":
+            check = self.gate.checks[op.position]
+            return limiter.reserve(op.rate, op.cost, ttl=check.ttl)  # type: ignore[union-attr]  # a NestedCheck's op
+        if kind == "settle":
+            return limiter.settle(op.reservation, op.actual)
+        return limiter.cancel(op.reservation)
 
 
 class Runner(_Base):
@@ -225,6 +254,10 @@ class Runner(_Base):
     def finish(self, adm: Admission, status: int | None) -> None:
         """Refund and release what ends the request (once); failures are logged."""
         self._run_ops(self._ending(adm, status))
+
+    def settle(self, adm: Admission, status: int | None) -> None:
+        """Settle the request's reservations now (the response has ended; once)."""
+        self._run_ops(self._settling(adm, status))
 
     def peek(self, request: RequestInfo, position: int) -> Decision | None:
         """The rate check at ``position``'s decision for ``request`` without charging it;
@@ -367,6 +400,13 @@ class AsyncRunner(_Base):
         asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
         would be cancelled again before the lease is released or the charge refunded."""
         ops = self._ending(adm, status)
+        if ops:
+            await _shielded(self._run_ops(ops))
+
+    async def settle(self, adm: Admission, status: int | None) -> None:
+        """Settle the request's reservations now (the response has ended; once), shielded as
+        ``finish`` is."""
+        ops = self._settling(adm, status)
         if ops:
             await _shielded(self._run_ops(ops))
 

@@ -3,6 +3,9 @@
 Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.json``)::
 
     POST /v1/hit                          {"policy", "key", "cost"?, "over_limit_status"?}
+                                          or {"levels", "cost"?, "over_limit_status"?}
+    POST /v1/reserve                      {"levels", "estimate", "ttl"?, "over_limit_status"?}
+    POST /v1/settle  /v1/cancel           {"reservation", "actual"}  /  {"reservation"}
     POST /v1/peek /v1/refund              {"policy", "key", "cost"?}
     POST /v1/reset                        {"policy", "key"}                    admin
     POST /v1/concurrency/acquire          {"policy", "key"}    200 lease / 429 full
@@ -49,6 +52,7 @@ from .engine import Engine, LeaseResult, Result
 from .http_guard import BrowserRules, Head
 from .http_hit import HttpHits
 from .metrics import OPENMETRICS_TEXT, wants_openmetrics
+from .nested_api import CANCEL_FIELDS, RESERVE_FIELDS, SETTLE_FIELDS, NestedAPI
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -88,6 +92,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/peek", "client"),
     Route("POST", "/v1/refund", "client"),
     Route("POST", "/v1/reset", "admin"),
+    Route("POST", "/v1/reserve", "client"),
+    Route("POST", "/v1/settle", "client"),
+    Route("POST", "/v1/cancel", "client"),
     Route("GET", "/v1/policies", "client"),
     Route("POST", "/v1/concurrency/acquire", "client"),
     Route("POST", "/v1/concurrency/release", "client"),
@@ -108,12 +115,18 @@ _EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
 _DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
 """The client routes that decide, served before the router (``ROUTES`` says the same)."""
 _FIELDS = {
-    "hit": {"policy", "key", "cost", "over_limit_status"},
+    "hit": {"policy", "key", "cost", "over_limit_status", "levels"},
     "peek": {"policy", "key", "cost"},
     "refund": {"policy", "key", "cost"},
     "reset": {"policy", "key"},
 }
 """The body fields each decision route takes."""
+_NESTED = {
+    "/v1/reserve": RESERVE_FIELDS,
+    "/v1/settle": SETTLE_FIELDS,
+    "/v1/cancel": CANCEL_FIELDS,
+}
+"""The reservation routes and their body fields."""
 _TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
 
 
@@ -156,6 +169,7 @@ class HttpApi:
         self._openapi: tuple[int, bytes] = (-1, b"")
         self.in_flight = 0
         self.hits = HttpHits(engine)
+        self.nested = NestedAPI(engine)
         engine.metrics.watch_in_flight(self.requests_in_flight)
 
     def requests_in_flight(self) -> int:
@@ -261,6 +275,9 @@ class HttpApi:
             engine = self.engine
             op = _DECIDE[path]
             req = _object(body, _FIELDS[op])
+            if "levels" in req:  # a nested decision (nested_api)
+                later = True
+                return self._later(path, self._nested_hit(req))
             if op == "refund":
                 later = True
                 return self._later(path, self._refunded(req))
@@ -297,6 +314,9 @@ class HttpApi:
     ) -> Response:
         """The response when the store must be asked."""
         return _decision_response(await self.engine.ask(op, spec, key, cost, stored), over)
+
+    async def _nested_hit(self, req: dict[str, Any]) -> Response:
+        return _encode(*await self.nested.hit(req))
 
     async def _refunded(self, req: dict[str, Any]) -> Response:
         return _encode(*await self._decide("refund", req))
@@ -400,6 +420,11 @@ class HttpApi:
             self._describe(name)  # 404 for an unknown policy, before anything changes
             self.engine.toggle(name, toggles[0], toggles[1], toggles[2])
             return 200, self._describe(name), {}
+        if route.path in _NESTED:  # reserve, settle, cancel (nested_api)
+            req = _object(await _body(scope, receive), _NESTED[route.path])
+            if route.path == "/v1/reserve":
+                return await self.nested.reserve(req)
+            return await self.nested.settle(req, cancel=route.path == "/v1/cancel")
         op = route.path[4:]  # hit, peek, refund, reset
         req = _object(await _body(scope, receive), _FIELDS[op])
         return await self._decide(op, req)

@@ -28,6 +28,10 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
 - **Batching**: async calls (plans and leases) in flight together ride in one pipeline per
   cluster primary (``cluster_batching.ClusterBatcher``), when the store is built from a URL;
   ``batching=None`` sends each through the cluster client. Sync calls are never batched.
+- **Nested calls** (``NestedStore``) carry the outermost level's hash tag on every key
+  (``nested_codec``): one slot, one script. An inner level's counter lives under that tag,
+  so it belongs to the outer key (``user:42`` under two orgs is two counters, as on every
+  store).
 - **Event loops**: the asyncio cluster client, its slot map and the batcher are kept per loop
   (``loops.PerLoop``), built from the URL or a function given as ``async_client``.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
@@ -52,11 +56,13 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
 from .layout import CompactLayout
 from .loops import PerLoop
+from .nested_codec import nested_command, nested_reply
 from .pipeline import Call
 from .redis import _check_timeout, client_options
 from .redis_codec import Codec, Command, admin_outcomes, fallback, outcomes
@@ -328,7 +334,45 @@ class RedisClusterStore:
                 return await side.direct_leases.run(call)
             except _ERRORS as exc:
                 raise _lease_unavailable(exc) from exc
+        if type(call) is NestedPlan:
+            return await self._nested_async(side, call)
+        assert isinstance(call, Plan)
         return await self._execute_async(side, call)
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan with one script call on its slot's primary (``NestedStore``)."""
+        command = nested_command(self.codec, plan)
+        try:
+            client = self._sync_client()
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the running event loop's asyncio cluster client
+        (batched per primary when batching)."""
+        side = self._aio()
+        if side.batcher is not None:
+            result: NestedReply = await side.batcher.submit(plan)
+            return result
+        return await self._nested_async(side, plan)
+
+    async def _nested_async(self, side: _ClusterAsync, plan: NestedPlan) -> NestedReply:
+        client = side.client
+        command = nested_command(self.codec, plan)
+        try:
+            await self._ready(side)
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
 
     async def _execute_async(self, side: _ClusterAsync, plan: Plan) -> tuple[Outcome, ...]:
         client = side.client
@@ -443,6 +487,13 @@ class _ClusterAsync:
 def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(
         f"redis cluster could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _nested_unavailable(plan: NestedPlan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis cluster could not run nested {plan.op} of {len(plan.levels)} levels: "
         f"{type(exc).__name__}: {exc}"
     )
 

@@ -21,6 +21,8 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
   client given (same pool class and connection options).
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
   are delegated to ``redis_leases`` over the same clients, prefix and batcher.
+- Nested calls and reservation steps (``NestedStore``) are one ``EVALSHA`` of the nested
+  script each (``nested_codec``), batched with the rest when async.
 - ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
   nothing, so a wrong address would otherwise show only as degraded decisions); errors and
   ``repr`` name the server by ``address`` (``host:port/db``), never its password.
@@ -42,10 +44,12 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batcher, Batching
 from .layout import CompactLayout
 from .loops import PerLoop
+from .nested_codec import nested_command, nested_reply
 from .pipeline import Call, RedisPipeline, Result
 from .redis_codec import Codec, Command, admin_outcomes, fallback, outcomes
 from .redis_leases import AsyncRedisLeases, RedisLeases
@@ -294,6 +298,39 @@ class RedisStore:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
 
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan with one script call (``NestedStore``)."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
+        command = nested_command(self.codec, plan)
+        try:
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the asyncio client (in a batch when batching)."""
+        side = self._aio()
+        batcher = side.batcher
+        if batcher is not None:
+            result: NestedReply = await batcher.submit(plan)
+            return result
+        client = side.client
+        command = nested_command(self.codec, plan)
+        try:
+            try:
+                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
     def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
         """An admin's reset, credit or debit with the peeks before and after, in one script
         call (``AdminStore``)."""
@@ -412,5 +449,12 @@ class RedisStore:
 def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(
         f"redis could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _nested_unavailable(plan: NestedPlan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis could not run nested {plan.op} of {len(plan.levels)} levels: "
         f"{type(exc).__name__}: {exc}"
     )

@@ -19,6 +19,8 @@ handling and error wrapping are the same as on a single Redis.
   breaker per shard and a dead shard degrades only the keys it owns.
 - **Batching**: each server's ``RedisStore`` coalesces the async calls in flight to it
   (``batching``), so writes ride in one pipeline per primary and peeks one per replica.
+- **Nested calls** (``NestedStore``) go to the primary of the outermost key's shard, where
+  every level's counter lives (``nested_codec``): one script, all or nothing.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder): every lease call goes to the primary of the shard that owns the caller key, like a
   ``hit``; ``partition_key`` names that shard, so the concurrency limiter keeps one breaker
@@ -37,6 +39,7 @@ import redis.asyncio
 
 from ..algorithms import Outcome
 from ..errors import ConfigError, StoreUnavailable
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
@@ -212,6 +215,22 @@ class ShardedRedisStore:
                 node.replica_failed(store, plan)
         try:
             return await primary.execute_async(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan on the primary of its outermost key's shard (``NestedStore``)."""
+        node = self._nodes[self.partition_key(plan.key)]
+        try:
+            return node.primary.execute_nested(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the asyncio clients."""
+        node = self._nodes[self.partition_key(plan.key)]
+        try:
+            return await node.primary.execute_nested_async(plan)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 

@@ -30,4 +30,6 @@ urlpatterns = [
     path("api/anon/", views.AnonView.as_view(), name="api-anon"),
     path("api/burst/", views.BurstView.as_view(), name="api-burst"),
     path("api/open/", views.OpenView.as_view(), name="api-open"),
+    path("completion/", views.completion, name="completion"),
+    path("completion/stream/", views.streamed_completion, name="completion-stream"),
 ]

@@ -15,9 +15,9 @@ from rest_framework.views import APIView
 
 from ratekeeper.compat import django_ratelimit as compat_ratelimit
 from ratekeeper.compat import drf as compat_drf
-from ratekeeper.integrations.django import UNSAFE, exempt, ratelimit
+from ratekeeper.integrations.django import UNSAFE, exempt, nested_ratelimit, ratelimit
 from ratekeeper.integrations.drf import AnonRateThrottle, ScopedRateThrottle, UserRateThrottle
-from ratekeeper.middleware import RequestInfo
+from ratekeeper.middleware import CheckLevel, RequestInfo, costs, keys
 
 STREAMED: list[int] = []
 
@@ -129,6 +129,29 @@ class OpenView(APIView):
 
     def get(self, request: Request) -> Response:
         return Response({"ok": True})
+
+
+TOKENS = [
+    CheckLevel("org", "1000/minute", key=keys.header("x-org")),
+    CheckLevel("key", "100/minute", key=keys.header("x-key")),
+]
+
+
+@nested_ratelimit(TOKENS, cost=40, actual=costs.header("x-usage-tokens"))
+def completion(request: HttpRequest) -> HttpResponse:
+    response = HttpResponse("done")
+    response["X-Usage-Tokens"] = request.GET.get("tokens", "0")
+    return response
+
+
+@nested_ratelimit(TOKENS, cost=40, actual=costs.reported(), name="streamed")
+def streamed_completion(request: HttpRequest) -> StreamingHttpResponse:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(int(request.GET.get("tokens", "0"))):
+            costs.report(request.META, 1)
+            yield b"tok "
+
+    return StreamingHttpResponse(chunks())
 
 
 @method_decorator(ratelimit("2/minute"), name="get")
