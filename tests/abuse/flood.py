@@ -88,10 +88,14 @@ def library_costs(url: str, requests: int = 300, rate: str = "5/hour") -> tuple[
 
 
 def service_config(url: str, local_cache: bool = True) -> str:
+    """The service's config: Redis' replies get 5 s, not the default 50 ms, so that a loaded
+    machine's slow reply is not a store error (which the limiter would answer without Redis,
+    failing open, and so change the counts and the flood's decisions)."""
     return f"""\
 store:
   url: {url}
   prefix: flood-svc
+  socket_timeout: 5
 limits:
   local_cache: {"true" if local_cache else "false"}
 policies:

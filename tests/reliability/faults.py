@@ -18,7 +18,8 @@ from tests.reliability.load import Load, LoadSpec, Result, StoreSpec, percentile
 from tests.reliability.report import Row
 
 TIMEOUT = 0.05  # the stores' default socket_timeout: the full run
-QUICK_TIMEOUT = 0.25  # the pytest subset shares a loaded machine: 50 ms is missed when healthy
+QUICK_TIMEOUT = 0.5  # the pytest subset shares a loaded machine: 50 ms, even 250 ms, is
+# missed when healthy (a degraded answer outside the outage fails the scenario)
 
 
 def _timeout(quick: bool) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ratekeeper import Limiter, ManualClock, MemoryStore
 from tests import redis_servers as rs
+from tests.reliability.faults import QUICK_TIMEOUT, TIMEOUT
 from tests.reliability.load import percentile
 from tests.reliability.report import Row
 
@@ -77,14 +78,20 @@ class Service:
                 self.proc.wait()
 
 
-def _client(port: int, policy: str, keys: int, distinct: bool, rps: float, start_at: float,
-            end_at: float, ident: int, out: Any) -> None:  # fmt: skip
-    """One client process: paced POST /v1/hit; returns [(start, latency, status, degraded)]."""
+def _client(port: int, policy: str, keys: int, distinct: bool, rps: float, start: Any,
+            duration: float, ident: int, ready: Any, out: Any) -> None:  # fmt: skip
+    """One client process: paced POST /v1/hit from ``start`` (set once every client is
+    ready) for ``duration`` seconds; returns [(start, latency, status, degraded)]."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     records: list[tuple[float, float, int, bool]] = []
     errors = 0
     gap = 1.0 / rps
     n = 0
+    ready.put(ident)
+    while not start.value:
+        time.sleep(0.005)
+    start_at = float(start.value)
+    end_at = start_at + duration
     while time.monotonic() < start_at:
         time.sleep(0.005)
     next_at = start_at
@@ -125,18 +132,21 @@ def _drive(
     distinct: bool, redis: rs.RedisServer | None, fault: Callable[[float], None] | None = None,
 ) -> tuple[list[tuple[float, float, int, bool]], int, int, list[Sample], float]:  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.monotonic() + 1.5
-    end_at = start_at + duration
+    out, ready, start = ctx.Queue(), ctx.Queue(), ctx.Value("d", 0.0)
     procs = [
         ctx.Process(
             target=_client,
-            args=(service.port, policy, 5000, distinct, rps, start_at, end_at, i, out),
+            args=(service.port, policy, 5000, distinct, rps, start, duration, i, ready, out),
         )
         for i in range(clients)
     ]
     for p in procs:
         p.start()
+    for _ in procs:  # the timeline starts once every client has started (seconds when loaded)
+        ready.get(timeout=120)
+    start_at = time.monotonic() + 0.2
+    end_at = start_at + duration
+    start.value = start_at
     breaker = None
     if fault is not None:
         breaker = threading.Thread(target=fault, args=(start_at,))
@@ -336,7 +346,9 @@ def service_outage(quick: bool) -> list[Row]:
     """The service on Redis under load while its Redis is SIGKILLed, then restarted empty."""
     down_at, up_at, duration = (1.0, 2.5, 6.0) if quick else (3.0, 6.0, 12.0)
     redis = rs.RedisServer()
-    timeout = 0.25 if quick else 0.05  # as in faults.py: the quick subset shares a busy machine
+    timeout = (
+        QUICK_TIMEOUT if quick else TIMEOUT
+    )  # faults.py's: the quick subset shares a busy machine
     service = Service(
         f"store:\n  url: {redis.url}\n  socket_timeout: {timeout}\n"
         "policies:\n  p:\n    rate: 1000000/day\n"

@@ -62,17 +62,13 @@ local function convert(tat, was, t, period)
   return now_us + q * t + math.floor(r * t / old)
 end
 
--- a theoretical arrival time not after now is the same as none (the compact layout sweeps it)
+-- a theoretical arrival time not after now is the same as none at every count (the compact
+-- layout sweeps such fields of other callers); it is judged as stored, under the count that
+-- wrote it: converted to the caller's count, a debt of less than one of its units would look
+-- idle while it still counts under its own
 stale = function(i, raw)
-  local tat, was = decode(raw)
-  if not tat then
-    return true
-  end
-  local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  if was and was ~= count then
-    tat = convert(tat, was, ceil_div(period * 1000, count), period)
-  end
-  return tat <= now_us
+  local tat = decode(raw)
+  return not tat or tat <= now_us
 end
 
 local function ttl(tat)

@@ -9,8 +9,10 @@
 --   add(i, delta)         HINCRBY in place
 --   keep(i, ttl)          raise the hash's TTL to cover ttl as save does, without a write
 --   drop(i)               HDEL of the caller's field (an admin's reset)
---   stale(i, raw)         set by the algorithm: true when a stored value no longer matters at
---                         now for rate i (it decides exactly like a missing one)
+--   stale(i, raw)         set by the algorithm: true when another caller's stored value no
+--                         longer matters at now under any rate of rate i's window (it decides
+--                         exactly like a missing one whatever the count: the hash is named by
+--                         the window, and the caller's count need not be the writer's)
 -- Expiry stays the app's: every state carries its own end, compared with now by the algorithm.
 -- The hash TTL only removes a hash no caller has written for longer than its longest state.
 -- With LEGACY (stack.lua), load reads a field missing from its hash from the 0.1 hash of the

@@ -69,14 +69,16 @@ adopt = function(i, raw)
   return encode(math.max(0, burst * period - high * a), updated)
 end
 
--- a bucket that is full again is the same as none (the compact layout sweeps such fields)
+-- a bucket full again at every count is the same as none (the compact layout sweeps such
+-- fields of other callers): a hash holds buckets of one period written at any count, and the
+-- debt drains at the reader's count, so it is judged at the slowest, 1 per period, never at
+-- the caller's (a bucket that a faster count would call full still counts under its own)
 stale = function(i, raw)
-  local count = tonumber(ARGV[3 * i + 1])
   local debt, updated = decode(raw)
   if not debt then
     return true
   end
-  return updated + ceil_div(debt, count) <= now
+  return updated + debt <= now
 end
 
 -- the debt refilled to now: (debt, updated); a clock behind the writer's changes nothing
