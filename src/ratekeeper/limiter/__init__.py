@@ -1,9 +1,10 @@
 """``Limiter`` and ``AsyncLimiter``: the public facade over one shared core.
 
 What belongs here: the limiters themselves and the machinery every decision of theirs goes
-through. ``core`` (``_Core``, ``_Base``: no I/O), ``sync`` (``Limiter``) and ``asyncio``
-(``AsyncLimiter``, ``Pending``). Their calls on
-plans (``"plan:<limit>"``, ``status``, ``administer``) are ``quotas.calls``' mixins.
+through. ``core`` (``_Core``, ``_Base``: no I/O), ``sync`` (``Limiter``), ``asyncio``
+(``AsyncLimiter``, ``Pending``) and ``nesting`` (``NestedCore``: nested calls and
+reservations, built and answered for both faces). Their calls on plans (``"plan:<limit>"``,
+``status``, ``administer``) are ``quotas.calls``' mixins.
 
 ``_Core`` holds everything that is not I/O — rate parsing and caching, plan building, the clock,
 fail-open policy, the circuit breaker and counters. The two limiters differ only where ``await``

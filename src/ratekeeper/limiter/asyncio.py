@@ -15,13 +15,13 @@ from ..decision import Decision
 from ..errors import ConfigError
 from ..metrics.core import Metrics
 from ..nested import Level, NestedDecision
-from ..nested_core import DEFAULT_TTL, NestedCall, NestedCore
 from ..plan import Op, Plan, Policy, decide
 from ..quotas.calls import AsyncPlanCalls, quota_name
 from ..reservations import Reservation, Settlement
 from ..stores.base import AsyncPingable, AsyncStore, QueuingStore
 from ..stores.memory import MemoryStore
 from .core import RateSpec, _Base, _Core
+from .nesting import DEFAULT_TTL, NestedCall, NestedCore
 
 if TYPE_CHECKING:
     from ..quotas.cache import Quotas

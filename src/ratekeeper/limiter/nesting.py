@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from .breaker import Breaker
-from .errors import ConfigError, RatekeeperError
-from .nested import (
+from ..breaker import Breaker
+from ..errors import ConfigError, RatekeeperError
+from ..nested import (
     NestedDecision,
     NestedOp,
     NestedPlan,
@@ -34,8 +34,8 @@ from .nested import (
     decide_nested,
     degraded_nested,
 )
-from .plan import Policy, check_cost
-from .reservations import (
+from ..plan import Policy, check_cost
+from ..reservations import (
     STATUSES,
     Reservation,
     Settlement,
@@ -45,10 +45,10 @@ from .reservations import (
     reserve_plan,
     settle_plan,
 )
-from .stores.base import AsyncNestedStore, KeyPartitioned, NestedStore
+from ..stores.base import AsyncNestedStore, KeyPartitioned, NestedStore
 
 if TYPE_CHECKING:
-    from .limiter import _Core
+    from .core import _Core
 
 T = TypeVar("T")
 DEFAULT_TTL = 300.0
