@@ -14,10 +14,9 @@ from ..clock import Clock
 from ..decision import Decision
 from ..errors import ConfigError
 from ..metrics.core import Metrics
-from ..nested import Level, NestedDecision
+from ..nested import Level, NestedDecision, Reservation, Settlement
 from ..plan import Op, Plan, Policy, decide
 from ..quotas.calls import AsyncPlanCalls, quota_name
-from ..reservations import Reservation, Settlement
 from ..stores.base import AsyncPingable, AsyncStore, QueuingStore
 from ..stores.memory import MemoryStore
 from .core import RateSpec, _Base, _Core

@@ -24,27 +24,25 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 from ..breaker import Breaker
 from ..errors import ConfigError, RatekeeperError
 from ..nested import (
+    STATUSES,
     NestedDecision,
     NestedOp,
     NestedPlan,
     NestedReply,
     RateSpec,
+    Reservation,
+    Settlement,
     Tier,
+    check_amount,
+    check_ttl,
     compile_levels,
     decide_nested,
     degraded_nested,
-)
-from ..plan import Policy, check_cost
-from ..reservations import (
-    STATUSES,
-    Reservation,
-    Settlement,
-    check_amount,
-    check_ttl,
     new_id,
     reserve_plan,
     settle_plan,
 )
+from ..plan import Policy, check_cost
 from ..stores.base import AsyncNestedStore, KeyPartitioned, NestedStore
 
 if TYPE_CHECKING:

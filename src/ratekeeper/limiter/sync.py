@@ -11,10 +11,9 @@ from ..clock import Clock
 from ..decision import Decision
 from ..errors import ConfigError
 from ..metrics.core import Metrics
-from ..nested import Level, NestedDecision
+from ..nested import Level, NestedDecision, Reservation, Settlement
 from ..plan import Op, Plan, Policy, decide
 from ..quotas.calls import PlanCalls, quota_name
-from ..reservations import Reservation, Settlement
 from ..stores.base import Pingable, Store
 from ..stores.memory import MemoryStore
 from .core import RateSpec, _Base

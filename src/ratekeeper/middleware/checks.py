@@ -41,10 +41,9 @@ from ..admission import AdmissionCore
 from ..clock import Clock
 from ..concurrency import check_capacity
 from ..errors import ConfigError
-from ..nested import MAX_LEVELS, Level, compile_levels
+from ..nested import MAX_LEVELS, Level, check_ttl, compile_levels
 from ..plan import make_policy
 from ..rates import Rate
-from ..reservations import check_ttl
 from ..shedding import DEFAULT_TIERS, WorkerUtilizationShedder
 from ..signals import QueueDelay
 from .costs import Actual
@@ -239,7 +238,7 @@ class NestedCheck:
     of its own. With ``actual`` (``costs.header(...)``, ``costs.reported()``,
     ``costs.response_bytes()``, any function of the request and its ``costs.Usage``) the cost
     is an estimate: reserved before the app runs (living ``ttl`` seconds) and settled with the
-    actual cost once the response has ended (``ratekeeper.reservations``). ``unit`` is the
+    actual cost once the response has ended (``ratekeeper.nested.reservations``). ``unit`` is the
     quota unit of the levels' rates that state none (``Rate.unit``; ``content-bytes`` for a
     byte budget), which the headers name. A rejection by a later
     check, an interrupted request or ``charge_when`` False gives everything back.

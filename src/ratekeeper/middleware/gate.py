@@ -63,9 +63,8 @@ from ..concurrency import Lease
 from ..decision import Decision, ascii_name
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
-from ..nested import NestedDecision
+from ..nested import NestedDecision, Reservation
 from ..rates import to_rates
-from ..reservations import Reservation
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (

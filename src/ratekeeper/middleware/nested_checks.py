@@ -23,8 +23,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..nested import NestedDecision
-from ..reservations import Reservation
+from ..nested import NestedDecision, Reservation
 from .checks import NestedCheck
 from .costs import Usage
 from .ops import Degraded, Op, unwrap
