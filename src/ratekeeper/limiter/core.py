@@ -34,7 +34,6 @@ from ..plan import (
     degraded,
     make_policy,
 )
-from ..quotas.calls import local_quota_hit
 from ..rates import Rate
 from ..stores.base import FailLocalStore, LocalStore, Partitioned, SliceStore
 
@@ -89,6 +88,11 @@ class _Core:
         """Set: every hit is counted as a decision (peeks, refunds and resets are not)."""
         self.quotas: Quotas | None = None
         """Set: rates ``"plan:<limit>"`` are the key's tenant's limits."""
+        self.quota_hit: Callable[[_Core, Quotas, str, object, str, int], Decision | None] | None = (
+            None
+        )
+        """Set with ``quotas`` (by the faces' ``_plans``): ``quotas.calls.local_quota_hit``, a
+        plan's limit on the fast path. Handed in, so the core imports nothing above it."""
 
     def count(self, d: Decision) -> None:
         """Count one decision under its rates (``counting`` is set)."""
@@ -134,16 +138,18 @@ class _Core:
             return None
         if policy is None or cost < 1:
             quotas = self.quotas
+            quota_hit = self.quota_hit
             if (  # "plan:<limit>", default options
                 policy is None
                 and quotas is not None
+                and quota_hit is not None
                 and cost >= 1
                 and burst is None
                 and buckets is None
                 and aligned is False
                 and count_rejected is False
             ):
-                return local_quota_hit(self, quotas, key, rate, algorithm, cost)
+                return quota_hit(self, quotas, key, rate, algorithm, cost)
             return None
         now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
