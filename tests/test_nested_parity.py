@@ -23,9 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratekeeper import ConfigError, Limiter, ManualClock, MemoryStore
-from ratekeeper.nested import Level, compile_levels
+from ratekeeper.nested import Level, Reservation, compile_levels
 from ratekeeper.plan import make_policy
-from ratekeeper.reservations import Reservation
 from tests.nested_stores import NESTED_STORES, REDIS_NESTED_STORES, close, nested_store
 
 ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]

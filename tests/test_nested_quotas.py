@@ -106,6 +106,19 @@ def test_one_quota_unit_per_rate() -> None:
     with pytest.raises(ConfigError, match="the plan sets"):
         RateCheck("a", "plan:api", unit="content-bytes")
     RateCheck("a", counted, unit="content-bytes")  # the same unit twice is no contradiction
+    with pytest.raises(ConfigError, match="level 'user' of check 'n' has unit='content-bytes' but"):
+        NestedCheck(
+            "n",
+            [CheckLevel("org", counted), CheckLevel("user", Rate(10, 60.0, unit="requests"))],
+            unit="content-bytes",
+        )  # a nested check's levels are held to its unit as a rate check's rate is
+    with pytest.raises(ConfigError, match="counts 'concurrent-requests'"):
+        NestedCheck(
+            "n",
+            [CheckLevel("org", (Rate(5, 1.0), Rate(9, 60.0, unit="concurrent-requests")))],
+            unit="content-bytes",
+        )
+    NestedCheck("n", [CheckLevel("org", counted), CheckLevel("u", "5/s")], unit="content-bytes")
     d = Limiter(clock=ManualClock(JAN_END)).hit("k", [counted, Rate(5, 1.0)])
     assert d.headers("api")["RateLimit-Policy"] == (
         '"api.10/1m";q=10;w=60;qu="content-bytes", "api.5/1s";q=5;w=1'

@@ -23,9 +23,9 @@ from .limiter import AsyncLimiter as AsyncLimiter
 from .limiter import Limiter as Limiter
 from .nested import Level as Level
 from .nested import NestedDecision as NestedDecision
+from .nested import Reservation as Reservation
+from .nested import Settlement as Settlement
 from .rates import Rate as Rate
-from .reservations import Reservation as Reservation
-from .reservations import Settlement as Settlement
 from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
 from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings

@@ -17,6 +17,8 @@ from starlette.testclient import TestClient
 from ratekeeper import ConfigError, ManualClock
 from ratekeeper.metrics import Metrics
 from ratekeeper.middleware import (
+    CheckLevel,
+    NestedCheck,
     RateCheck,
     RateLimitMiddleware,
     RequestInfo,
@@ -70,6 +72,54 @@ def test_each_function_errs_open_logged_once_and_counted(
     assert metrics.user_errors.labels("c", kind).value == 3
     if kind != "charge_when":
         assert mw.stats()["checks"]["c"]["failed_open"] == 3
+
+
+NESTED_CASES = {
+    "key": NestedCheck("c", [CheckLevel("org", "9/minute"), CheckLevel("user", "9/m", key=broken)]),
+    "rate": NestedCheck("c", [CheckLevel("org", "9/minute"), CheckLevel("user", broken)]),
+    "cost": NestedCheck("c", [CheckLevel("org", "9/minute")], cost=broken),
+    "level cost": NestedCheck("c", [CheckLevel("org", "9/minute", cost=broken)]),
+}
+
+
+@pytest.mark.parametrize("case", NESTED_CASES)
+def test_a_nested_checks_functions_err_as_a_rate_checks_do(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``NestedCheck``'s level key, rate and cost functions and its own cost function are
+    the application's: an error is logged once at ERROR, counted as a user error under its
+    kind, and the request goes through, as for a ``RateCheck``; never a store failure."""
+    kind = case.split()[-1]
+    metrics = Metrics()
+    mw = RateLimitMiddleware(app(), [NESTED_CASES[case]], clock=ManualClock(), metrics=metrics)
+    client = TestClient(mw)
+    with caplog.at_level(logging.WARNING, logger="ratekeeper"):
+        got = [client.get("/items").status_code for _ in range(3)]
+    assert got == [200, 200, 200]
+    assert mw.stats()["user_errors"] == {"c": {kind: 3}}
+    errors = [r for r in caplog.records if f"its {kind} function" in r.message]
+    assert len(errors) == 1 and errors[0].levelno == logging.ERROR
+    assert errors[0].exc_info is not None and errors[0].exc_info[0] is Oops
+    assert metrics.user_errors.labels("c", kind).value == 3
+    assert mw.stats()["checks"]["c"]["failed_open"] == 3
+    assert "store" not in caplog.text  # not reported as an outage
+    loud = RateLimitMiddleware(app(), [NESTED_CASES[case]], clock=ManualClock(), on_error="raise")
+    with pytest.raises(Oops):
+        TestClient(loud).get("/items")
+
+
+def test_a_nested_level_function_answering_no_rate_or_cost_has_erred() -> None:
+    checks = [
+        NestedCheck("r", [CheckLevel("org", lambda r: "twice a fortnight")]),
+        NestedCheck("p", [CheckLevel("org", lambda r: "plan:api")]),
+        NestedCheck("c", [CheckLevel("org", "9/minute", cost=lambda r: -1)]),
+        NestedCheck("n", [CheckLevel("org", "9/minute")], cost=lambda r: "2"),  # type: ignore[arg-type, return-value]  # the bug under test
+    ]
+    mw = RateLimitMiddleware(app(), checks, clock=ManualClock())
+    assert TestClient(mw).get("/items").status_code == 200
+    assert mw.stats()["user_errors"] == {
+        "r": {"rate": 1}, "p": {"rate": 1}, "c": {"cost": 1}, "n": {"cost": 1}
+    }  # fmt: skip
 
 
 def test_a_priority_function_errs_open() -> None:

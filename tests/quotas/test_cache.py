@@ -71,6 +71,23 @@ def test_a_tenants_plan_decides_and_an_unknown_tenant_gets_the_default() -> None
     assert rows == {("api", "free", "default"), ("search", "free", "default")}
 
 
+def test_a_cached_plan_limit_is_decided_in_process_without_a_plan() -> None:
+    """The memory store's fast path takes a plan's limit once the tenant's plan is cached
+    (``hit_now`` answers only from it), with the decision the full path gives."""
+    limiter, _, _, _, mono = setup({"acme": "pro"}, ttl=30)
+    assert limiter.hit_now("acme", "plan:api") is None  # nothing cached: the full path
+    first = limiter.hit("acme", "plan:api")
+    fast = limiter.hit_now("acme", "plan:api")
+    assert fast is not None and fast.limit == 10 and fast.remaining == first.remaining - 1
+    assert limiter.hit("acme", "plan:api").remaining == fast.remaining - 1
+    mono.advance(30)
+    assert limiter.hit_now("acme", "plan:api") is None  # stale: asked again the full way
+    quotas = Quotas(PLANS, StaticSource({"acme": "pro"}))
+    async_limiter = AsyncLimiter(MemoryStore(), clock=ManualClock(), quotas=quotas)
+    asyncio.run(async_limiter.hit("acme", "plan:api"))
+    assert async_limiter.hit_now("acme", "plan:api") is not None
+
+
 def test_a_plan_change_applies_after_the_ttl_and_keeps_the_counts() -> None:
     limiter, _, source, _, mono = setup({"acme": "free"}, ttl=30)
     assert [limiter.hit("acme", "plan:api").allowed for _ in range(4)] == [True] * 3 + [False]

@@ -41,13 +41,13 @@ from ..admission import AdmissionCore
 from ..clock import Clock
 from ..concurrency import check_capacity
 from ..errors import ConfigError
-from ..nested import MAX_LEVELS, Level, compile_levels
+from ..nested import MAX_LEVELS, Level, check_ttl, compile_levels
 from ..plan import make_policy
-from ..rates import Rate
-from ..reservations import check_ttl
+from ..rates import Rate, to_rates
 from ..shedding import DEFAULT_TIERS, WorkerUtilizationShedder
 from ..signals import QueueDelay
 from .costs import Actual
+from .functions import UserFunctionError, call
 from .request import KeyFunc, PathMatcher, RequestInfo, client_ip
 
 log = logging.getLogger("ratekeeper")
@@ -83,6 +83,16 @@ def _check_unit(unit: object, rate: object = None, what: str = "") -> str | None
 def _check_cost(cost: object, low: int = 1) -> None:
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < low):
         raise ConfigError(f"cost={cost!r} is invalid; expected a whole number >= {low}")
+
+
+def called_cost(function: CostFunc, request: RequestInfo) -> int:
+    """A nested check's (or level's) cost function's answer: a whole number >= 0, else the
+    function has erred (``UserFunctionError``)."""
+    cost = call(function, request, "cost")
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+        error = ConfigError(f"cost {cost!r} is invalid; expected a whole number >= 0")
+        raise UserFunctionError(function, "cost", error) from error
+    return cost
 
 
 def _check_name(name: object) -> None:
@@ -216,14 +226,26 @@ class CheckLevel:
         compile_levels([level], 1, make_policy)  # rate, options and debt: fail at startup
 
     def level(self, check: str, request: RequestInfo) -> Level | None:
-        """This level for ``request`` (None: a key or rate function said it does not apply)."""
-        key = self.key(request)
+        """This level for ``request`` (None: a key or rate function said it does not apply).
+        A function that raises, or answers what is no rate or cost, raises
+        ``UserFunctionError`` (as a ``RateCheck``'s do, ``gate.rate_op``)."""
+        key = call(self.key, request, "key")
         if key is None:
             return None
-        rate = self.rate(request) if callable(self.rate) else self.rate
-        if rate is None:
-            return None
-        cost = self.cost(request) if callable(self.cost) else self.cost
+        rate = self.rate
+        if callable(rate):
+            rate = call(rate, request, "rate")
+            if rate is None:
+                return None
+            try:
+                if isinstance(rate, str) and rate.strip().startswith("plan:"):
+                    raise ConfigError(f"rate {rate!r} names a plan's limit; levels do not take one")
+                to_rates(rate)
+            except Exception as exc:
+                raise UserFunctionError(self.rate, "rate", exc) from exc
+        cost = self.cost
+        if callable(cost):
+            cost = called_cost(cost, request)
         return Level(
             f"{check}:{key}", rate, self.algorithm, self.burst, self.buckets,
             cost=cost, debt=self.debt, name=f"{check}.{self.name}",
@@ -239,7 +261,7 @@ class NestedCheck:
     of its own. With ``actual`` (``costs.header(...)``, ``costs.reported()``,
     ``costs.response_bytes()``, any function of the request and its ``costs.Usage``) the cost
     is an estimate: reserved before the app runs (living ``ttl`` seconds) and settled with the
-    actual cost once the response has ended (``ratekeeper.reservations``). ``unit`` is the
+    actual cost once the response has ended (``ratekeeper.nested.reservations``). ``unit`` is the
     quota unit of the levels' rates that state none (``Rate.unit``; ``content-bytes`` for a
     byte budget), which the headers name. A rejection by a later
     check, an interrupted request or ``charge_when`` False gives everything back.
@@ -283,12 +305,15 @@ class NestedCheck:
             )
         check_ttl(self.ttl)
         _check_charge_when(self.charge_when)
+        for level in self.levels:  # a level's rate may not contradict the check's unit
+            _check_unit(self.unit, level.rate, f"level {level.name!r} of check {self.name!r}")
         object.__setattr__(self, "qu", _check_unit(self.unit))
         object.__setattr__(self, "where", _scope(self.routes, self.methods))
 
     def cost_of(self, request: RequestInfo) -> int:
-        """The units this request costs (its estimate, when the check settles)."""
-        return self.cost(request) if callable(self.cost) else self.cost
+        """The units this request costs (its estimate, when the check settles); a cost
+        function that raises or answers no whole number >= 0 raises ``UserFunctionError``."""
+        return called_cost(self.cost, request) if callable(self.cost) else self.cost
 
     def levels_of(self, request: RequestInfo) -> list[Level] | None:
         """The levels for ``request``; None when one of them does not apply to it."""

@@ -54,20 +54,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..admission import AdmissionCore, Ticket
+from ..admission import AdmissionCore
 from ..clock import Clock
 from ..concurrency import Lease
-from ..decision import Decision, ascii_name
+from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
-from ..nested import NestedDecision
 from ..rates import to_rates
-from ..reservations import Reservation
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
+from .admission import SCOPE_KEY as SCOPE_KEY
+from .admission import Admission as Admission
+from .admission import added_header_lines as added_header_lines
+from .admission import added_headers as added_headers
 from .checks import (
     CHECK_TYPES,
     AdmissionCheck,
@@ -80,8 +82,12 @@ from .checks import (
     RateCheck,
     WorkerCheck,
 )
-from .costs import Usage
-from .nested_checks import nested_walk, settle_ops
+from .ending import Ending
+from .functions import ON_ERROR as ON_ERROR
+from .functions import UserFunctionError as UserFunctionError
+from .functions import call as call
+from .functions import check_on_error as check_on_error
+from .nested_checks import nested_walk
 from .ops import Degraded, Flow, unwrap
 from .ops import Failure as Failure
 from .ops import Op as Op
@@ -89,11 +95,8 @@ from .ops import run as run
 from .ops import run_async as run_async
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
-    Headers,
     Rejection,
-    concurrency_headers,
     concurrency_rejection,
-    decision_headers,
     rate_rejection,
     shed_rejection,
     wants_problem,
@@ -114,124 +117,7 @@ OUTCOME = {
 """A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
-ON_ERROR = ("open", "raise")
-"""What an error in the application's functions does: let the request through (counted,
-logged once per function), or raise out of the middleware (tests)."""
-
-
-class UserFunctionError(Exception):
-    """One of the application's functions (``kind``: one of ``metrics.vocabulary.FUNCTIONS``)
-    raised ``__cause__``, or returned ``value`` that is no key, rate or cost."""
-
-    def __init__(self, function: object, kind: str, exc: Exception) -> None:
-        super().__init__(f"the {kind} function {function!r} raised {exc!r}")
-        self.function = function
-        self.kind = kind
-        self.exc = exc
-
-
-def check_on_error(on_error: object, where: str = "on_error") -> str:
-    """``on_error`` is ``"open"`` or ``"raise"``."""
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"{where}={on_error!r} is invalid; expected 'open' or 'raise'")
-    return str(on_error)
-
-
-def call(function: Callable[[Any], Any], arg: Any, kind: str) -> Any:
-    """``function(arg)``; an exception from it is a ``UserFunctionError``."""
-    try:
-        return function(arg)
-    except Exception as exc:
-        raise UserFunctionError(function, kind, exc) from exc
-
-
-SCOPE_KEY = "ratekeeper.admission"
-"""Where the middleware leaves a request's ``Admission`` (ASGI scope, WSGI environ), for a
-framework integration to walk a route's checks into after routing."""
-
-
-class Admission:
-    """What one request was granted: charges, leases, headers, or the rejection."""
-
-    __slots__ = (
-        "aborted",
-        "best",
-        "busy",
-        "charged",
-        "done",
-        "entered",
-        "key",
-        "leases",
-        "rejection",
-        "request",
-        "settled",
-        "tickets",
-        "tier",
-        "usage",
-        "walked",
-    )
-
-    def __init__(self, request: RequestInfo | None = None, usage: Usage | None = None) -> None:
-        self.request = request
-        self.usage = usage
-        """What the request used (bytes, reported cost): what a settling check charges."""
-        self.tier: str | None = None
-        self.best: tuple[str, Decision, str | None, str] | None = None
-        """(the check's name, the decision, its quota unit, its item name in headers)."""
-        self.busy: list[tuple[str, int, int]] | None = None
-        """Concurrency checks passed: (name, capacity, requests in progress)."""
-        self.settled = False
-        self.charged: list[Op] = []
-        self.leases: list[tuple[int, Lease]] = []
-        self.tickets: list[tuple[int, Ticket]] = []
-        self.rejection: Rejection | None = None
-        self.entered = False
-        self.done = False
-        self.aborted = False
-        self.key: str | None = None
-        """The caller key of the check being walked (for the top-keys sketch)."""
-        self.walked: set[int] | None = None
-        """Positions walked by name (``admit(..., positions)``): each is walked once."""
-
-
-_BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
-
-
-def added_headers(adm: Admission) -> Headers:
-    """The headers a middleware adds to the app's response: those of the enforced rate decision
-    with least remaining; or, when a route's limit rejected the request and the app answered it
-    (a framework's error handler shapes the 429), the rejection's rate-limit headers, so every
-    429 carries them whoever wrote it."""
-    rejection = adm.rejection
-    if rejection is None:
-        best = adm.best
-        headers = () if best is None else decision_headers(*best)
-        return concurrency_headers(headers, adm.busy) if adm.busy else headers
-    return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
-
-
-_RESOURCE = b"x-ratelimit-resource"
-_RESOURCES: dict[str, bytes] = {}
-
-
-def added_header_lines(adm: Admission) -> list[tuple[bytes, bytes]]:
-    """``added_headers`` as an ASGI server sends them (lower-case names, bytes), built from the
-    decision without ``str`` headers in between."""
-    best = adm.best
-    if adm.rejection is not None or best is None or adm.busy:
-        return [(n.lower().encode(), v.encode("latin-1")) for n, v in added_headers(adm)]
-    name, decision, unit, item = best
-    resource = _RESOURCES.get(name)
-    if resource is None:
-        if len(_RESOURCES) >= 4096:
-            _RESOURCES.clear()
-        resource = _RESOURCES[name] = ascii_name(name).encode()
-    lines = decision.header_lines(item, unit)
-    lines.append((_RESOURCE, resource))
-    return lines
-
-
-class Gate:
+class Gate(Ending):
     """Checks, controls, exemptions, priorities and refund rules of one middleware."""
 
     def __init__(
@@ -589,82 +475,6 @@ class Gate:
             return self._shed[index]
         return True
 
-    def finish(self, adm: Admission, status: int | None) -> list[Op]:
-        """The refunds and releases that end a request, once (``status`` None: the app raised).
-
-        The executor runs each and reports a failure to ``finish_failed``; none depends on
-        another's result, so this is a plain list (usually empty) rather than a flow.
-        """
-        if adm.done:
-            return []
-        adm.done = True
-        if adm.entered:
-            lock = self._lock
-            lock.acquire()  # not ``with``: cheaper, and every request ends here
-            self.in_flight -= 1
-            lock.release()
-        ops: list[Op] = []
-        for index, ticket in adm.tickets:
-            ops.append(Op("leave", index, ticket=ticket))
-        if self.settling:  # only a settling check makes reservations
-            ops += self.settle(adm, status)
-        if adm.charged:
-            if adm.rejection is not None or adm.aborted:
-                for op in adm.charged:
-                    ops.append(_undo(op))
-            elif status is not None:
-                for op in adm.charged:
-                    if not self._keeps(op, status):
-                        ops.append(_undo(op))
-        for index, lease in adm.leases:
-            ops.append(Op("release", index, lease=lease))
-        return ops
-
-    def settle(self, adm: Admission, status: int | None) -> list[Op]:
-        """The ``settle`` (or ``cancel``) of each reservation the request holds, once
-        (``nested_checks.settle_ops``): by ``finish``, or earlier by a middleware that saw the
-        response end."""
-        return settle_ops(self, adm, status)
-
-    def _keeps(self, op: Op, status: int) -> bool:
-        """Whether the charge ``op`` stands for a response with ``status``."""
-        return self.keeps(op.position, status)
-
-    def keeps(self, position: int, status: int) -> bool:
-        """Whether the rate check at ``position`` keeps its charge for a response with
-        ``status`` (``simulate`` asks it too, to replay refunds as they happen)."""
-        check = self.checks[position]
-        predicate = check.charge_when or self.charge_when  # type: ignore[union-attr]  # a rate check's op
-        if predicate is None:
-            return status not in self.refund_statuses
-        try:
-            return bool(call(predicate, status, "charge_when"))
-        except UserFunctionError as err:  # the response is sent: keep the charge
-            self.user_failed(check.name, err, count=False)
-            return True
-
-    def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
-        """``finish`` for an admission cut short, refunding every charge. ``op`` is the store
-        call that was in flight and ``result`` what it returned (a ``Failure``, or None if
-        unknown): a charge, lease or admission ticket it granted is given back too."""
-        if op is not None and result is not None and not isinstance(result, Failure):
-            if op.kind == "acquire" and isinstance(result, tuple):  # (lease, in progress)
-                result = result[0]
-            if (op.kind == "hit" and isinstance(result, Decision)) or (
-                op.kind == "nest" and isinstance(result, NestedDecision)
-            ):
-                if result.allowed and not result.degraded:
-                    adm.charged.append(op)
-            elif op.kind == "reserve" and isinstance(result, Reservation):
-                if result.allowed and not result.degraded:
-                    adm.charged.append(op._replace(reservation=result))
-            elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
-                adm.leases.append((op.position, result))
-            elif isinstance(result, Ticket):  # enter
-                adm.tickets.append((op.position, result))
-        adm.aborted = True
-        return self.finish(adm, None)
-
     def shedding_stats(self) -> dict[str, Any]:
         """Per shedding check: the worker shedder's state or the admission queue's."""
         out: dict[str, Any] = {}
@@ -753,8 +563,3 @@ def arrival(request: RequestInfo) -> float | None:
     if stamp is None:
         stamp = request.header("x-request-start") or request.header("x-queue-start")
     return None if stamp is None else parse_request_start(stamp)
-
-
-def _undo(op: Op) -> Op:
-    """The operation giving back what ``op`` charged."""
-    return op._replace(kind="unnest" if op.kind == "nest" else "refund")

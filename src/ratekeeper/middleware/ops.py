@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..admission import Ticket
 from ..concurrency import Lease
-from ..reservations import Reservation
+from ..nested import Reservation
 
 Kind = Literal[
     "hit", "refund", "acquire", "admit", "release", "enter", "leave",

@@ -28,7 +28,7 @@ from .status import QuotaStatus, status_plans, status_rows
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..limiter import _Core
+    from ..limiter.core import _Core
     from .cache import Quotas, Resolved
 
     RateSpec = str | Rate | Sequence[Rate]
@@ -143,6 +143,7 @@ class _PlanBase:
                     f"quotas={quotas!r} is invalid; expected ratekeeper.quotas.Quotas"
                 )
         self._core.quotas = quotas
+        self._core.quota_hit = None if quotas is None else local_quota_hit
 
     @property
     def quotas(self) -> Quotas:

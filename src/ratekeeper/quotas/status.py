@@ -20,7 +20,7 @@ from ..algorithms import Outcome
 from ..plan import Plan
 
 if TYPE_CHECKING:
-    from ..limiter import _Core
+    from ..limiter.core import _Core
     from .cache import Resolved
 
 

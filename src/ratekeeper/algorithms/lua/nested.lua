@@ -1,6 +1,6 @@
 -- nested: several caller keys decided all or nothing, and reservations settled later
--- (nested.py, reservations.py; stores/nested_codec.py builds the calls). Loaded after
--- integer.lua and a table ALG holding each algorithm's twin as a function(KEYS, ARGV, N,
+-- (nested/levels.py, nested/reservations.py; stores/nested_codec.py builds the calls).
+-- Loaded after integer.lua and a table ALG holding each algorithm's twin as a function(KEYS, ARGV, N,
 -- LEGACY) over the store's key layout (stores/nested_codec.nested_script), which this script
 -- calls per level with N, the number of rates it passes, and LEGACY, whether their 0.1 keys
 -- follow them (stack.lua's two values, which the twin cannot derive from a settle's ARGV).

@@ -43,11 +43,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .algorithms import Outcome
-from .decision import Decision
-from .errors import ConfigError
-from .plan import Policy, check_key, decide, degraded, make_plan
-from .rates import Rate
+from ..algorithms import Outcome
+from ..decision import Decision
+from ..errors import ConfigError
+from ..plan import Policy, check_key, decide, degraded, make_plan
+from ..rates import Rate
 
 RateSpec = str | Rate | Sequence[Rate]
 NestedOp = Literal["hit", "peek", "refund", "reserve", "settle", "cancel"]

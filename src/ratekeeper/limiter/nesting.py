@@ -21,34 +21,32 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from .breaker import Breaker
-from .errors import ConfigError, RatekeeperError
-from .nested import (
+from ..breaker import Breaker
+from ..errors import ConfigError, RatekeeperError
+from ..nested import (
+    STATUSES,
     NestedDecision,
     NestedOp,
     NestedPlan,
     NestedReply,
     RateSpec,
+    Reservation,
+    Settlement,
     Tier,
+    check_amount,
+    check_ttl,
     compile_levels,
     decide_nested,
     degraded_nested,
-)
-from .plan import Policy, check_cost
-from .reservations import (
-    STATUSES,
-    Reservation,
-    Settlement,
-    check_amount,
-    check_ttl,
     new_id,
     reserve_plan,
     settle_plan,
 )
-from .stores.base import AsyncNestedStore, KeyPartitioned, NestedStore
+from ..plan import Policy, check_cost
+from ..stores.base import AsyncNestedStore, KeyPartitioned, NestedStore
 
 if TYPE_CHECKING:
-    from .limiter import _Core
+    from .core import _Core
 
 T = TypeVar("T")
 DEFAULT_TTL = 300.0
