@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from ratekeeper.metrics import METRICS
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from tests.service.proc import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,7 +407,7 @@ def test_the_reference_names_every_flag_and_config_key() -> None:
         if flag not in ("-h", "--help")
     }
     assert {f for f in flags if not _named(f)} == set()
-    schema = json.loads((ROOT / "src/ratekeeper/service/schema.json").read_text())
+    schema = json.loads((ROOT / "src/ratekeeper/service/config/schema.json").read_text())
     keys: set[str] = set()
 
     def walk(node: object) -> None:

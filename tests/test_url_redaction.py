@@ -21,7 +21,7 @@ from urllib.parse import quote, unquote
 import pytest
 
 from ratekeeper.errors import ConfigError, StoreUnavailable
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.server import ServeOptions, Service
 from ratekeeper.stores.urls import check_url, redact, scrub
 

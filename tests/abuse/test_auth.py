@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ratekeeper.service import grpc_rls, http
-from ratekeeper.service.http import ROUTES, Route, find_route
+from ratekeeper.service.envoy import servicer as grpc_rls
+from ratekeeper.service.http import api as http
+from ratekeeper.service.http.api import ROUTES, Route, find_route
 from tests.service.proc import ServiceProcess
 
 TOKEN = "client-token-abuse-0123456789"

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from ratekeeper import Rate, RateSpecError
 from ratekeeper.errors import ConfigError
 from ratekeeper.rates import MAX_COUNT, MAX_PERIOD_MS
-from ratekeeper.service.config import parse_text
-from ratekeeper.service.http import MAX_BODY, ROUTES
+from ratekeeper.service.config.loader import parse_text
+from ratekeeper.service.http.api import MAX_BODY, ROUTES
 from ratekeeper.service.server import ServeOptions, Service
 
 EXAMPLES = int(os.environ.get("RATEKEEPER_FUZZ_EXAMPLES", "200"))

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.engine import Engine, Result
-from ratekeeper.service.http import HttpApi, _result_body
-from ratekeeper.service.http_hit import HttpHits, ms_json
+from ratekeeper.service.http.api import HttpApi, _result_body
+from ratekeeper.service.http.hit import HttpHits, ms_json
 from ratekeeper.service.metrics import InstrumentedLocalStore, Metrics
 
 CONFIG = """\

@@ -52,7 +52,7 @@ def add_check_config_command(subparsers: Any) -> argparse.ArgumentParser:
 def run_check_config(args: argparse.Namespace) -> int:
     """Check the files; print problems to stderr (exit 1) or a summary to stdout (exit 0)."""
     try:
-        from .config import load
+        from .config.loader import load
     except ImportError as exc:
         return missing_extra("check-config", exc)
     try:

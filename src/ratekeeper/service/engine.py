@@ -43,7 +43,7 @@ from ..decision import Decision
 from ..errors import BadRequest
 from ..limiter import AsyncLimiter
 from ..plan import Op
-from .config import ConcurrencySpec, PolicySpec, ServiceConfig
+from .config.loader import ConcurrencySpec, PolicySpec, ServiceConfig
 from .metrics import Metrics
 
 UNLIMITED_REMAINING = 2**32 - 1

@@ -46,7 +46,7 @@ from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.sharded import ShardedRedisStore
-from .rlqs.stats import RlqsStats
+from .envoy.rlqs.stats import RlqsStats
 
 _perf_counter = time.perf_counter
 TOP_KEYS = 64

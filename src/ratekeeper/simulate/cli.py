@@ -160,7 +160,7 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
         limits = parse_limits(args.limit, args.key_field, args.algorithm)
         return CandidatesTarget(limits, args.key_field, args.algorithm, clock), "candidates"
     try:
-        from ..service import config as config_mod
+        from ..service.config import loader as config_mod
     except ImportError as exc:
         raise ConfigError(
             f"--config needs the server extra ({exc.name} is missing): "

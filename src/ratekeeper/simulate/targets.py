@@ -249,7 +249,7 @@ class ServiceTarget:
     ) -> None:
         from ..limiter import AsyncLimiter
         from ..service.engine import Engine, envoy_key
-        from ..service.envoy import Descriptor, Envoy
+        from ..service.envoy.rls import Descriptor, Envoy
         from ..service.metrics import Metrics as ServiceMetrics
 
         self._envoy_key = envoy_key

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 def config_files(paths: Iterable[str], dotfiles: bool = False) -> list[str]:

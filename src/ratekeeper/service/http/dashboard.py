@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..dashboard import PAGE, snapshot
-from ..errors import BadRequest
-from ..middleware.checks import MODES
-from .engine import Engine
+from ...dashboard import PAGE, snapshot
+from ...errors import BadRequest
+from ...middleware.checks import MODES
+from ..engine import Engine
 
 __all__ = ["PAGE", "EngineModes", "data", "set_mode"]
 

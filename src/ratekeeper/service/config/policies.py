@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, RateSpecError
-from ..plan import Policy, make_policy
-from ..rates import Rate
+from ...errors import ConfigError, RateSpecError
+from ...plan import Policy, make_policy
+from ...rates import Rate
 from .yaml_lines import Map, Problem
 
 

@@ -1,4 +1,4 @@
-"""``RateLimitResponse`` bytes from an ``envoy.Answer``: the overall code and the statuses
+"""``RateLimitResponse`` bytes from an ``rls.Answer``: the overall code and the statuses
 are encoded here (protobuf's wire format: tag, varint or length-prefixed bytes), the parts
 that vary little or are rare through Envoy's generated message.
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
-from .envoy import Answer
+from .rls import Answer
 
 Response = pb.RateLimitResponse
 MAX_UINT32 = 2**32 - 1

@@ -1,6 +1,6 @@
 """A request handed to an ASGI app, as a small ASGI server hands it (``AsgiCall``).
 
-The connection (``http_connection``) starts a call once the request's whole body has come
+The connection (``http.connection``) starts a call once the request's whole body has come
 (the service's bodies are small: at most ``max_body`` bytes), so the first ``receive`` returns
 it all, and a later one waits for the client to go away (``http.disconnect``). The response
 is collected whole (``http.response.start``, then ``http.response.body`` until ``more_body``
@@ -15,10 +15,10 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from .http import Answer
+from .api import Answer
 
 if TYPE_CHECKING:
-    from .http_connection import HttpConnection, Request
+    from .connection import HttpConnection, Request
 
 Message = MutableMapping[str, Any]
 App = Callable[[Any, Any, Any], Awaitable[None]]

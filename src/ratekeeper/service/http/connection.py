@@ -1,5 +1,5 @@
 """One HTTP/1.1 connection of the service, owned whole: ``HttpConnection``, an asyncio protocol
-on httptools' parser (llhttp). ``http_server`` accepts connections and times them.
+on httptools' parser (llhttp). ``http.server`` accepts connections and times them.
 
 The rules it keeps, in the order a request meets them:
 
@@ -20,7 +20,7 @@ The rules it keeps, in the order a request meets them:
 - **Two ways to answer.** A ``POST`` to a decision route (``Front.inline_paths``) is answered
   by ``Front.decide_now`` inside the protocol: at once, or when the store's batch calls back
   (``Soon``), or by one task awaiting the store. Every other request is an ASGI call
-  (``http_asgi``) with its whole body (at most ``max_body`` bytes). Both give the same answer.
+  (``http.asgi``) with its whole body (at most ``max_body`` bytes). Both give the same answer.
 - **Writes.** Answers made while a read is parsed leave in one write at its end.
   Reading pauses while the transport's buffer is over its high-water mark (a client not
   reading) or ``max_pipeline`` requests wait for their answers.
@@ -51,13 +51,13 @@ from urllib.parse import unquote
 
 import httptools
 
-from ..errors import BadRequest
-from .http import Answer, Response, Soon
-from .http_asgi import SERVER_ERROR, AsgiCall
-from .http_guard import NOTED, Head
+from ...errors import BadRequest
+from .api import Answer, Response, Soon
+from .asgi import SERVER_ERROR, AsgiCall
+from .guard import NOTED, Head
 
 if TYPE_CHECKING:
-    from .http_server import HttpServer
+    from .server import HttpServer
 
 log = logging.getLogger("ratekeeper.service")
 

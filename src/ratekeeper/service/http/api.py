@@ -16,7 +16,7 @@ Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.
 tests/abuse/test_auth.py checks every entry and that it matches the OpenAPI document).
 
 Rules: a request's head is checked before its body is read (``check_head``): the Host and
-browser rules (``http_guard``), then the token, then the body's announced size. Every
+browser rules (``http.guard``), then the token, then the body's announced size. Every
 ``/v1/`` route needs ``Authorization: Bearer <token>`` when a token is configured (the admin
 token is accepted too); admin routes need the admin token, and are refused when a token but
 no admin token is configured; an unknown ``/v1/`` path asks for a token before it answers
@@ -39,15 +39,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..decision import Decision
-from ..errors import BadRequest
-from ..limiter import Pending
-from ..plan import Op, decide
+from ...decision import Decision
+from ...errors import BadRequest
+from ...limiter import Pending
+from ...plan import Op, decide
+from ..config.loader import OVER_LIMIT_STATUSES, PolicySpec
+from ..engine import Engine, LeaseResult, Result
 from . import dashboard
-from .config import OVER_LIMIT_STATUSES, PolicySpec
-from .engine import Engine, LeaseResult, Result
-from .http_guard import BrowserRules, Head
-from .http_hit import HttpHits
+from .guard import BrowserRules, Head
+from .hit import HttpHits
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -137,7 +137,7 @@ class HttpApi:
     browser rules (the hosts served and the origins allowed)."""
 
     inline_paths = frozenset(_DECIDE)
-    """The routes the HTTP protocol may answer through ``decide_now`` (``http_connection``)."""
+    """The routes the HTTP protocol may answer through ``decide_now`` (``http.connection``)."""
 
     def __init__(
         self,
@@ -184,7 +184,7 @@ class HttpApi:
 
     def check_head(self, method: str, path: str, head: Head) -> Response | None:
         """The refusal of a request by its head alone (counted), or None: the Host and origin
-        rules, the token its route needs, the content type (``http_guard``), a
+        rules, the token its route needs, the content type (``http.guard``), a
         Content-Length over ``MAX_BODY``.
         Before the body is read: the HTTP server calls it once the head is complete (on
         every route), and ``__call__`` for any other ASGI server."""
@@ -245,7 +245,7 @@ class HttpApi:
         that waits by callback); else a coroutine that asks the store and makes it.
         ``headers``: the request's, to check (``check_head``); None when they were checked.
         Never raises: a client mistake is its 4xx, a bug of ours a 500 (logged). Used by the
-        ASGI app and by the HTTP protocol itself (``http_connection``), so both answer byte for
+        ASGI app and by the HTTP protocol itself (``http.connection``), so both answer byte for
         byte the same. ``block``: an admitted hit's headers may come as the lines HTTP sends
         (bytes)."""
         if headers is not None:

@@ -18,11 +18,11 @@ import json
 import math
 from collections.abc import Callable
 
-from ..algorithms import Outcome
-from ..decision import HEADER_NAMES, policy_names
-from ..plan import decide_one
-from .engine import Engine, Result
-from .policies import PolicySpec
+from ...algorithms import Outcome
+from ...decision import HEADER_NAMES, policy_names
+from ...plan import decide_one
+from ..config.policies import PolicySpec
+from ..engine import Engine, Result
 
 HeaderList = list[tuple[bytes, bytes]]
 _LIMIT, _REMAINING, _RESET, _USED, _POLICY, _RATELIMIT = (
@@ -99,7 +99,7 @@ class HttpHits:
         (counted); a ``Result`` when the store rejected it (settled: counted and cached as
         ``decide_now`` does); None when the common case does not apply (nothing done).
         ``block``: the headers as the lines HTTP sends (``name: value\\r\\n`` each), for the
-        protocol's own answers (``http_connection``), instead of a list."""
+        protocol's own answers (``http.connection``), instead of a list."""
         engine = self.engine
         plan = self._plan(spec)
         if plan is None:

@@ -41,12 +41,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...clock import Clock
-from ...errors import BadRequest, StoreUnavailable
-from ..engine import Engine
-from ..policies import PolicySpec
+from ....clock import Clock
+from ....errors import BadRequest, StoreUnavailable
+from ...config.policies import PolicySpec
+from ...config.rlqs import BucketRule, RlqsSettings, limit_mrps
+from ...engine import Engine
 from .allocator import MRPS, Grant, Step
-from .rules import BucketRule, RlqsSettings, limit_mrps
 from .state import QuotaState
 from .stats import RlqsStats, Row
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .envoy_config import EnvoyLimit, EnvoyNode
+from ..config.envoy import EnvoyLimit, EnvoyNode
 
 Entries = tuple[tuple[str, str], ...]
 

@@ -24,7 +24,7 @@ from envoy.service.rate_limit_quota.v3 import rlqs_pb2 as pb
 from envoy.type.v3 import ratelimit_strategy_pb2 as strategy_pb
 from google.protobuf.message import DecodeError
 
-from ..grpc_rls import authorized
+from ..servicer import authorized
 from .hub import Action, Quotas, Stream, Usage
 
 SERVICE = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"

@@ -26,12 +26,12 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError, RedisError
 
-from ...errors import StoreUnavailable
-from ...stores.cluster import RedisClusterStore
-from ...stores.keys import redis_key
-from ...stores.memory import MemoryStore
-from ...stores.redis import RedisStore
-from ...stores.sharded import ShardedRedisStore
+from ....errors import StoreUnavailable
+from ....stores.cluster import RedisClusterStore
+from ....stores.keys import redis_key
+from ....stores.memory import MemoryStore
+from ....stores.redis import RedisStore
+from ....stores.sharded import ShardedRedisStore
 from . import allocator
 from .allocator import Grant, Record, Step
 

@@ -1,12 +1,12 @@
 """Envoy's ``ShouldRateLimit``, answered as envoyproxy/ratelimit answers it (no wire format
-here: ``grpc_rls`` turns an ``Answer`` into Envoy's message).
+here: ``envoy.servicer`` turns an ``Answer`` into Envoy's message).
 
 Per request, in upstream's order:
 
 1. An unknown domain answers ``OK`` for every descriptor (also one with a ``limit``
    override), counted in ``domain_not_found``.
 2. Each descriptor finds its limit: its ``limit`` override (a fixed window of that rate; in a
-   known domain it applies whether or not the tree matches), else the tree (``envoy_match``).
+   known domain it applies whether or not the tree matches), else the tree (``envoy.match``).
    Limits named in another matched limit's ``replaces`` are dropped; ``unlimited`` answers
    ``OK`` with ``limit_remaining`` 4294967295 and touches nothing. A descriptor's
    ``hits_addend`` replaces the request's (0 checks without charging); the request's 0 is 1.
@@ -35,14 +35,14 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ..errors import BadRequest
-from ..plan import make_policy
-from ..rates import Rate
-from .engine import Engine, Result, envoy_key, store_key
-from .envoy_config import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode, EnvoySettings
-from .envoy_match import Entries, find, override_stats_key
-from .metrics import EnvoyStats
-from .policies import PolicySpec
+from ...errors import BadRequest
+from ...plan import make_policy
+from ...rates import Rate
+from ..config.envoy import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode, EnvoySettings
+from ..config.policies import PolicySpec
+from ..engine import Engine, Result, envoy_key, store_key
+from ..metrics import EnvoyStats
+from .match import Entries, find, override_stats_key
 
 YIELD_EVERY = 64
 MAX_RESOLVED = 10_000

@@ -23,11 +23,11 @@ import grpc
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 from google.protobuf.message import DecodeError
 
-from ..errors import BadRequest
-from .config_settings import AuthSettings
-from .envoy import Answer, Descriptor, Envoy, check_override_unit
-from .http import check_bearer
-from .rls_reply import ReplyEncoder
+from ...errors import BadRequest
+from ..config.settings import AuthSettings
+from ..http.api import check_bearer
+from .reply import ReplyEncoder
+from .rls import Answer, Descriptor, Envoy, check_override_unit
 
 SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 MAX_HITS = 2**31 - 1

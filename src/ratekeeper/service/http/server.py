@@ -2,7 +2,7 @@
 their timers, their number, and a graceful stop.
 
 - **Timers**: every ``SWEEP`` seconds each connection's ``tick`` closes it if its client
-  has kept the service waiting past a timeout (``HttpSettings``; ``http_connection`` says
+  has kept the service waiting past a timeout (``HttpSettings``; ``http.connection`` says
   which timer runs when). One sweep for all connections, not a timer per request. The
   sweep also renews the ``date`` header line, once a second.
 - **Connection cap**: past ``max_connections`` open connections, the one that has waited
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
-from .http import MAX_BODY
-from .http_asgi import App
-from .http_connection import Front, HttpConnection
+from .api import MAX_BODY
+from .asgi import App
+from .connection import Front, HttpConnection
 
 FD_RESERVE = 64
 """Descriptors kept free of client connections: listeners, store connections, gRPC, logs."""

@@ -9,7 +9,7 @@ directory stands for every file in it, as envoyproxy/ratelimit's runtime directo
   ``shadow``, ``enabled``; or ``kind: concurrency`` with ``capacity`` and ``lease_ttl``: at
   most N requests in progress per key) and ``domains`` (a list of Envoy-format domains);
 - envoyproxy/ratelimit's, as is: a file whose top level is ``domain`` + ``descriptors``, read
-  with upstream's rules by ``envoy_config``.
+  with upstream's rules by ``config.envoy``.
 
 Settings are read from every file first, then policies, then domains, so a descriptor may
 name a policy (``policy:``, our extension) of any file. Validation is complete before
@@ -27,13 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .config_files import config_files
-from .config_settings import AuthSettings as AuthSettings
-from .config_settings import ShardSettings as ShardSettings
-from .config_settings import StoreSettings as StoreSettings
-from .config_settings import check_token, read_auth, read_store
-from .envoy_config import (
+from ...errors import ConfigError
+from .envoy import (
     UNIT_SECONDS,
     VALID_KEYS,
     DomainCompiler,
@@ -41,11 +36,16 @@ from .envoy_config import (
     EnvoySettings,
     check_values,
 )
-from .envoy_config import settings as envoy_settings
+from .envoy import settings as envoy_settings
+from .files import config_files
 from .policies import ConcurrencySpec as ConcurrencySpec
 from .policies import PolicySpec as PolicySpec
 from .policies import policy_from
-from .rlqs.rules import RlqsSettings, read_rlqs
+from .rlqs import RlqsSettings, read_rlqs
+from .settings import AuthSettings as AuthSettings
+from .settings import ShardSettings as ShardSettings
+from .settings import StoreSettings as StoreSettings
+from .settings import check_token, read_auth, read_store
 from .yaml_lines import (
     Map,
     Problem,
@@ -109,7 +109,7 @@ def load(
     dotfiles: bool = False,
 ) -> ServiceConfig:
     """Read, merge and validate config files (a directory: every file in it, see
-    ``config_files``); raise ``ConfigError`` listing every problem, one
+    ``config.files``); raise ``ConfigError`` listing every problem, one
     ``file:line: problem`` a line."""
     env = os.environ if env is None else env
     if not paths:

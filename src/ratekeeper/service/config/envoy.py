@@ -20,7 +20,7 @@ files, unchanged) or from an item of our format's ``domains:`` list. Upstream's 
 Ratekeeper's extensions on a descriptor: ``policy`` (count with a named rate policy of ours)
 and ``algorithm`` (count ``rate_limit`` with another algorithm, with our semantics). Without
 them a limit is counted as upstream counts it: an aligned fixed window counting rejected hits,
-one counter per domain, descriptor entries and unit (see ``service.envoy``).
+one counter per domain, descriptor entries and unit (see ``service.envoy.rls``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..rates import UNIT_MS, Rate
+from ...rates import UNIT_MS, Rate
 from .policies import PolicySpec, policy_from
 from .yaml_lines import (
     Map,

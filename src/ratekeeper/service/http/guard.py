@@ -27,7 +27,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from ..errors import BadRequest
+from ...errors import BadRequest
 
 NOTED = {
     b"host": "host",

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from .config_files import fingerprint
+from .files import fingerprint
 
 log = logging.getLogger("ratekeeper.service")
 

@@ -1,0 +1,14 @@
+"""The service's configuration language: YAML files -> one frozen ``ServiceConfig``.
+
+- ``loader``: the files, their sections and their checks -> ``ServiceConfig`` (``load``,
+  ``parse_text``); ``example.yaml`` and ``schema.json``: an example and the JSON Schema;
+- ``policies``: named rate stacks and concurrency caps; ``settings``: ``store:`` and ``auth:``;
+- ``envoy``: Envoy-format domains compiled into descriptor trees; ``rlqs``: the ``rlqs:`` section;
+- ``yaml_lines``: YAML that remembers each entry's line; ``files``: which files ``--config``
+  names; ``watch``: reload when they change.
+"""
+
+from .loader import EXAMPLE as EXAMPLE
+from .loader import ServiceConfig as ServiceConfig
+from .loader import load as load
+from .loader import parse_text as parse_text
