@@ -88,9 +88,9 @@ def params(lang: str) -> list[object]:
 
 RUNNER = """\
 import sys
-for name, cls in (("redis", "RedisStore"), ("sharded", "ShardedRedisStore"),
+for name, cls in (("single", "RedisStore"), ("sharded", "ShardedRedisStore"),
                   ("cluster", "RedisClusterStore")):
-    module = __import__("ratekeeper.stores." + name, fromlist=[cls])
+    module = __import__("ratekeeper.stores.redis." + name, fromlist=[cls])
     defaults = getattr(module, cls).__init__.__kwdefaults__
     if defaults and "socket_timeout" in defaults:
         defaults["socket_timeout"] = 5.0

@@ -30,17 +30,17 @@ from .signals import LoopLag as LoopLag
 from .signals import Pressure as Pressure
 from .signals import ProcessCPU as ProcessCPU
 from .signals import QueueDelay as QueueDelay
-from .stores.batching import Batching as Batching
-from .stores.cluster import RedisClusterStore as RedisClusterStore
-from .stores.layout import CompactLayout as CompactLayout
 from .stores.local_budget import LocalBudget as LocalBudget
 from .stores.memory import MemoryStore as MemoryStore
-from .stores.redis import RedisStore as RedisStore
+from .stores.redis.batching import Batching as Batching
+from .stores.redis.cluster import RedisClusterStore as RedisClusterStore
+from .stores.redis.layout import CompactLayout as CompactLayout
+from .stores.redis.sentinel import SentinelShard as SentinelShard
+from .stores.redis.sharded import SentinelStore as SentinelStore
+from .stores.redis.sharded import Shard as Shard
+from .stores.redis.sharded import ShardedRedisStore as ShardedRedisStore
+from .stores.redis.single import RedisStore as RedisStore
 from .stores.rollout import RolloutStore as RolloutStore
-from .stores.sentinel import SentinelShard as SentinelShard
-from .stores.sharded import SentinelStore as SentinelStore
-from .stores.sharded import Shard as Shard
-from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
 __all__ = [
     "AdmissionQueue",

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from ratekeeper import Limiter, ManualClock
 from ratekeeper.service.config.loader import parse_text
 from ratekeeper.service.engine import envoy_key, store_key
-from ratekeeper.stores.keys import MAX_PLAIN_BYTES, encode_tag, redis_key
+from ratekeeper.stores.redis.keys import MAX_PLAIN_BYTES, encode_tag, redis_key
 from tests.conftest import Backend
 from tests.harness import T0
 

@@ -63,14 +63,14 @@ class Settings:
         """A store for ``storage_uri`` (Redis clients connect on first use)."""
         if self.storage_uri == "memory://":
             return MemoryStore()
-        from ..stores.redis import RedisStore
+        from ..stores.redis.single import RedisStore
 
         return RedisStore(self.storage_uri, prefix=self.key_prefix, **dict(self.storage_options))
 
 
 def _storage_options(options: Any, name: str) -> tuple[tuple[str, Any], ...]:
     """The Redis store's keyword arguments a setting may give (not its clients or prefix)."""
-    from ..stores.redis import RedisStore
+    from ..stores.redis.single import RedisStore
 
     params = inspect.signature(RedisStore).parameters.values()
     allowed = sorted(

@@ -45,7 +45,7 @@ from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
-from ..stores.sharded import ShardedRedisStore
+from ..stores.redis.sharded import ShardedRedisStore
 from .envoy.rlqs.stats import RlqsStats
 
 _perf_counter = time.perf_counter
@@ -134,7 +134,7 @@ class _Merged:
 
 
 class BatchMetrics:
-    """A ``stores.batching.BatchObserver`` feeding the batch size, latency and error metrics."""
+    """A ``stores.redis.batching.BatchObserver`` feeding the batch size, latency, error metrics."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics

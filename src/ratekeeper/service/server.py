@@ -50,14 +50,14 @@ from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
 from ..stores.base import AsyncPingable, AsyncStore, LocalStore
-from ..stores.batching import Batching
-from ..stores.cluster import RedisClusterStore
-from ..stores.layout import CompactLayout
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
-from ..stores.redis import RedisStore
-from ..stores.sentinel import SentinelShard
-from ..stores.sharded import SentinelStore, Shard, ShardedRedisStore
+from ..stores.redis.batching import Batching
+from ..stores.redis.cluster import RedisClusterStore
+from ..stores.redis.layout import CompactLayout
+from ..stores.redis.sentinel import SentinelShard
+from ..stores.redis.sharded import SentinelStore, Shard, ShardedRedisStore
+from ..stores.redis.single import RedisStore
 from .config import loader as config_mod
 from .config.watch import watch
 from .engine import Engine

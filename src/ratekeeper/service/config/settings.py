@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ConfigError
-from ...stores.layout import CompactLayout
-from ...stores.sentinel import SentinelShard
-from ...stores.urls import check_url, redact
+from ...stores.redis.layout import CompactLayout
+from ...stores.redis.sentinel import SentinelShard
+from ...stores.redis.urls import check_url, redact
 from .yaml_lines import Map, Problem, Problems, need_bool, need_int, need_map, need_seq, no_unknown
 
 

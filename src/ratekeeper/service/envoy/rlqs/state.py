@@ -27,11 +27,11 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError, RedisError
 
 from ....errors import StoreUnavailable
-from ....stores.cluster import RedisClusterStore
-from ....stores.keys import redis_key
 from ....stores.memory import MemoryStore
-from ....stores.redis import RedisStore
-from ....stores.sharded import ShardedRedisStore
+from ....stores.redis.cluster import RedisClusterStore
+from ....stores.redis.keys import redis_key
+from ....stores.redis.sharded import ShardedRedisStore
+from ....stores.redis.single import RedisStore
 from . import allocator
 from .allocator import Grant, Record, Step
 

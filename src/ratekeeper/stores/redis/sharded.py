@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 
-from ..algorithms import Outcome
-from ..errors import ConfigError, StoreUnavailable
-from ..plan import Plan
+from ...algorithms import Outcome
+from ...errors import ConfigError, StoreUnavailable
+from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
 from .layout import CompactLayout, check_layout
-from .redis import RedisStore
 from .rendezvous import Rendezvous
 from .sentinel import SentinelClients, SentinelShard, sentinel_clients
+from .single import RedisStore
 from .urls import address, check_url, redact
 
 REPLICA_COOLDOWN_MS = 1000

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, urlsplit
 from redis import ConnectionPool, RedisError
 from redis.connection import parse_url
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 _SCHEMES = ("redis", "rediss", "unix")
 _SECRET_PARAM = re.compile(r"((?:^|&)[^=&]*(?:password|passwd|secret|token)[^=&]*=)[^&]*", re.I)

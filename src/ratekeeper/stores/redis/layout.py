@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .keys import encode_tag
 
 MAX_FIELD_BYTES = 64

@@ -27,7 +27,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
-from ..errors import StoreUnavailable
+from ...errors import StoreUnavailable
 from .keys import check_prefix, redis_key
 
 SLOT = "c"

@@ -2,7 +2,7 @@
 
 What belongs here is I/O only: building clients, sending the codec's command, reloading a
 script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. Everything else
-(keys, ARGV, reply parsing) is the sans-I/O ``redis_codec``, so ``execute`` and
+(keys, ARGV, reply parsing) is the sans-I/O ``codec``, so ``execute`` and
 ``execute_async`` differ only where ``await`` appears.
 
 - ``hit``/``refund`` run ``EVALSHA``; ``peek`` runs ``EVALSHA_RO`` (Redis >= 7), which never
@@ -16,7 +16,7 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
   (``batching``; ``batching=None`` sends one ``EVALSHA`` per call) when the asyncio client is a
   plain ``redis.asyncio.Redis``. Sync calls are never batched.
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
-  are delegated to ``redis_leases`` over the same clients, prefix and batcher.
+  are delegated to ``redis.leases`` over the same clients, prefix and batcher.
 - ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
   nothing, so a wrong address would otherwise show only as degraded decisions); errors and
   ``repr`` name the server by ``address`` (``host:port/db``), never its password.
@@ -34,14 +34,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
-from ..algorithms import Outcome
-from ..errors import ConfigError, StoreUnavailable
-from ..plan import Plan
+from ...algorithms import Outcome
+from ...errors import ConfigError, StoreUnavailable
+from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batcher, Batching
+from .codec import Codec, Command, fallback, outcomes
 from .layout import CompactLayout
+from .leases import AsyncRedisLeases, RedisLeases
 from .pipeline import Call, RedisPipeline, Result
-from .redis_codec import Codec, Command, fallback, outcomes
-from .redis_leases import AsyncRedisLeases, RedisLeases
 from .urls import address, check_url, redact, scrub
 
 _R = TypeVar("_R", Retry, AsyncRetry)

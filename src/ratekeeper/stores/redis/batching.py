@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")

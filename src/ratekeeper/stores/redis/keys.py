@@ -19,7 +19,7 @@ import hashlib
 import re
 from functools import lru_cache
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MAX_PLAIN_BYTES = 200
 _SURROGATE = re.compile("[\ud800-\udfff]")

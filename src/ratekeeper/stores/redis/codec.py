@@ -18,7 +18,7 @@ stores built on it) share it and differ only in how they send a command.
 
 The wire contract shared by every script (each script's header repeats it):
 ``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag) or,
-in the compact layout, rate i's hash of the caller key's bucket (``stores.layout``);
+in the compact layout, rate i's hash of the caller key's bucket (``stores.redis.layout``);
 ``ARGV`` is ``op`` (``hit``/``peek``/``refund``), ``now_ms``, ``cost``, then three integers per
 rate: ``count``, ``period_ms`` and ``extra`` (``burst`` for token_bucket and gcra, ``buckets``
 for sliding_window, the option bits ``Limit.flags`` otherwise), then, in the compact layout
@@ -35,10 +35,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..algorithms import ALGORITHMS, Outcome
-from ..algorithms.base import INF
-from ..errors import ConfigError
-from ..plan import Plan, Policy
+from ...algorithms import ALGORITHMS, Outcome
+from ...algorithms.base import INF
+from ...errors import ConfigError
+from ...plan import Plan, Policy
 from .keys import check_prefix, encode_tag, redis_key
 from .layout import CompactLayout, bucket_tag, check_layout, compact_field
 

@@ -36,10 +36,10 @@ from redis.exceptions import AskError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..errors import NotSent, StoreUnavailable
-from ..plan import Plan
-from .redis_codec import Codec, Command, fallback, outcomes, pack
-from .redis_leases import LeaseCall, lease_reply
+from ...errors import NotSent, StoreUnavailable
+from ...plan import Plan
+from .codec import Codec, Command, fallback, outcomes, pack
+from .leases import LeaseCall, lease_reply
 
 Call = Plan | LeaseCall
 Result = tuple[Any, ...]

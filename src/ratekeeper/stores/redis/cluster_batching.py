@@ -24,12 +24,12 @@ import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
-from ..errors import NotSent
-from ..plan import Plan
+from ...errors import NotSent
+from ...plan import Plan
 from .batching import Batcher, Batching
+from .codec import Codec
 from .keys import encode_tag
 from .pipeline import Call, RedisPipeline
-from .redis_codec import Codec
 
 Direct = Callable[[Call], Awaitable[tuple[Any, ...]]]
 

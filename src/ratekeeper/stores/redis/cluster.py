@@ -2,7 +2,7 @@
 
 What belongs here is the cluster's I/O: building the cluster clients, sending the codec's
 command, reloading a script after ``NOSCRIPT``, wrapping driver errors. Plans become commands in
-the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
+the shared sans-I/O ``codec``, as for ``RedisStore``.
 
 - **Atomic stacks**: every key of one call carries the caller key's hash tag
   (``rk{tag}...``), so all rates of a stack sit in one slot and one script call sees them all.
@@ -29,7 +29,7 @@ the shared sans-I/O ``redis_codec``, as for ``RedisStore``.
   cluster primary (``cluster_batching.ClusterBatcher``), when the store is built from a URL;
   ``batching=None`` sends each through the cluster client. Sync calls are never batched.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
-  shedder) are ``redis_leases`` over the same cluster clients and prefix: a caller key's lease
+  shedder) are ``redis.leases`` over the same cluster clients and prefix: a caller key's lease
   set carries its hash tag, so the cluster client sends each script call to the slot's
   primary. Cluster-client errors are wrapped in ``StoreUnavailable`` here too.
 """
@@ -46,16 +46,16 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.retry import Retry
 
-from ..algorithms import Outcome
-from ..errors import ConfigError, StoreUnavailable
-from ..plan import Plan
+from ...algorithms import Outcome
+from ...errors import ConfigError, StoreUnavailable
+from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
+from .codec import Codec, Command, fallback, outcomes
 from .layout import CompactLayout
+from .leases import AsyncRedisLeases, LeaseCall, RedisLeases
 from .pipeline import Call
-from .redis import _check_timeout, client_options
-from .redis_codec import Codec, Command, fallback, outcomes
-from .redis_leases import AsyncRedisLeases, LeaseCall, RedisLeases
+from .single import _check_timeout, client_options
 from .urls import address, check_url
 
 _ERRORS = (RedisError, RedisClusterException, OSError)

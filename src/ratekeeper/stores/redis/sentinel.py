@@ -36,7 +36,7 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .urls import check_url, redact
 
 _DROPPED = (redis.ConnectionError,)

@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 def score(tag: str, seed: bytes) -> bytes:
