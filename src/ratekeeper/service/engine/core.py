@@ -26,161 +26,26 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
-import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
-from typing import NamedTuple, TypeVar
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TypeVar
 
-from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter, Lease
-from ..decision import Decision
-from ..errors import BadRequest
-from ..limiter import AsyncLimiter
-from ..plan import Op
-from .config.loader import ConcurrencySpec, PolicySpec, ServiceConfig
-from .metrics import Metrics
+from ...clock import Clock
+from ...concurrency import AsyncConcurrencyLimiter, Lease
+from ...decision import Decision
+from ...errors import BadRequest
+from ...limiter import AsyncLimiter
+from ...plan import Op
+from ..config.loader import ConcurrencySpec, PolicySpec, ServiceConfig
+from ..metrics import Metrics
+from .cache import OverLimitCache
+from .keys import lease_token, parse_lease_token, store_key
+from .results import LeaseResult, Result, _result
 
 UNLIMITED_REMAINING = 2**32 - 1
 S = TypeVar("S", PolicySpec, ConcurrencySpec)
-
-
-class Result(NamedTuple):
-    """A decision as the service reports it (a named tuple: one is built per decision, and a
-    frozen dataclass costs several times more to build)."""
-
-    decision: Decision
-    policy: str
-    shadow: bool = False
-    """A shadow policy would have rejected this request (it was answered allowed)."""
-    local: bool = False
-    """Answered by the over-limit cache without asking the store."""
-
-
-_result = partial(tuple.__new__, Result)
-"""``Result(*fields)`` without the named tuple's Python ``__new__`` (the hot path)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseResult:
-    """The answer to a lease request of a concurrency policy."""
-
-    acquired: bool
-    lease: str | None
-    """The token to release with; None when not acquired."""
-    limit: int
-    in_use: int | None
-    """Live leases of the key after the call; None when the store was not asked."""
-    expires_at: float | None
-    policy: str
-    degraded: bool = False
-    shadow: bool = False
-    """A shadow policy was full (the request was answered acquired, holding nothing)."""
-
-
-class OverLimitCache:
-    """Rejected (policy, key) pairs and when the store said they could next succeed. Safe
-    from many threads: reads are single dict operations, writes take a lock."""
-
-    def __init__(self, max_entries: int = 100_000) -> None:
-        self.max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[int, int, Decision]] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, name: str, key: str, cost: int, now_ms: int) -> Decision | None:
-        """The cached rejection for a request of ``cost`` at ``now_ms``, or None."""
-        entry = self._entries.get((name, key))
-        if entry is None:
-            return None
-        until_ms, min_cost, decision = entry
-        if now_ms >= until_ms:
-            self._entries.pop((name, key), None)
-            return None
-        if cost < min_cost:
-            return None
-        retry = (
-            decision.retry_after if math.isinf(decision.retry_after) else (until_ms - now_ms) / 1000
-        )
-        return replace(decision, retry_after=retry, now=now_ms / 1000)
-
-    def put(self, name: str, key: str, cost: int, decision: Decision) -> None:
-        """Remember a rejection until its ``retry_after`` (skipped when never admissible)."""
-        if math.isinf(decision.retry_after) or decision.retry_after <= 0:
-            return
-        until_ms = round((decision.now + decision.retry_after) * 1000)
-        entries = self._entries
-        with self._lock:
-            if len(entries) >= self.max_entries:
-                now_ms = round(decision.now * 1000)
-                first = list(entries.items())[:64]
-                stale = [k for k, v in first if v[0] <= now_ms]
-                for k in stale or [k for k, _ in first[:1]]:
-                    entries.pop(k, None)
-            entries[(name, key)] = (until_ms, cost, decision)
-
-    def forget(self, name: str, key: str) -> None:
-        self._entries.pop((name, key), None)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
-def store_key(name: str, key: str) -> str:
-    """The key the limiter sees: injective in (policy name, caller key)."""
-    return f"{len(name)}:{name}:{key}"
-
-
-def envoy_key(domain: str, entries: Sequence[tuple[str, str]]) -> str:
-    """An Envoy descriptor's counter key: injective in (domain, entries), every part length-
-    prefixed (``[4:edge|2:ip7:1.2.3.4``); it starts with ``[``, so it never equals a
-    ``store_key`` (which starts with a digit)."""
-    if len(entries) == 1:
-        ((k, v),) = entries
-        return f"[{len(domain)}:{domain}|{len(k)}:{k}{len(v)}:{v}"
-    return f"[{len(domain)}:{domain}" + "".join(f"|{len(k)}:{k}{len(v)}:{v}" for k, v in entries)
-
-
-def lease_token(name: str, key: str, lease_id: str) -> str:
-    """The opaque token a client releases a lease with (see the module docstring)."""
-    raw = json.dumps([name, key, lease_id], separators=(",", ":"), ensure_ascii=False)
-    return base64.urlsafe_b64encode(raw.encode("utf-8")).rstrip(b"=").decode("ascii")
-
-
-def parse_lease_token(token: object) -> tuple[str, str, str]:
-    """(policy, key, lease id) from a token, or ``BadRequest`` naming the ``lease`` field: 400
-    for what is not a non-empty string, 404 for a string that is no token of ours (no such
-    lease: the request was well formed, the lease it names does not exist)."""
-    if not isinstance(token, str) or not token:
-        raise BadRequest("lease", f"lease {token!r} is invalid; expected a token from acquire")
-    bad = BadRequest(
-        "lease",
-        f"lease {token[:80]!r} was not issued by this service; expected a token from acquire",
-        404,
-    )
-    if not token.isascii():
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        value = json.loads(raw.decode("utf-8"))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise bad from None
-    if (
-        not isinstance(value, list)
-        or len(value) != 3
-        or not all(isinstance(v, str) for v in value)
-        or not value[0]
-        or not value[1]
-    ):
-        raise bad
-    return value[0], value[1], value[2]
 
 
 class Engine:

@@ -1,0 +1,18 @@
+"""The service's decision engine: a parsed request -> a result, whatever face asked.
+
+- ``core``: ``Engine``: named policies (hit, peek, refund, reset), leases of concurrency
+  policies, runtime toggles;
+- ``cache``: the over-limit cache; ``keys``: store keys and lease tokens;
+- ``results``: what it answers (``Result``, ``LeaseResult``).
+
+The protocols (``service.http``, ``service.envoy``) parse and render; they ask the engine.
+"""
+
+from .cache import OverLimitCache as OverLimitCache
+from .core import Engine as Engine
+from .keys import envoy_key as envoy_key
+from .keys import lease_token as lease_token
+from .keys import parse_lease_token as parse_lease_token
+from .keys import store_key as store_key
+from .results import LeaseResult as LeaseResult
+from .results import Result as Result
