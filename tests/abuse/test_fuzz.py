@@ -27,7 +27,8 @@ from ratekeeper import Rate, RateSpecError
 from ratekeeper.errors import ConfigError
 from ratekeeper.rates import MAX_COUNT, MAX_PERIOD_MS
 from ratekeeper.service.config.loader import parse_text
-from ratekeeper.service.http.api import MAX_BODY, ROUTES
+from ratekeeper.service.http.body import MAX_BODY
+from ratekeeper.service.http.routes import ROUTES
 from ratekeeper.service.server import ServeOptions, Service
 
 EXAMPLES = int(os.environ.get("RATEKEEPER_FUZZ_EXAMPLES", "200"))

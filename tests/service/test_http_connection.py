@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from ratekeeper import ManualClock, RedisStore
-from ratekeeper.service.http.api import MAX_BODY, ROUTES
+from ratekeeper.service.http.body import MAX_BODY
+from ratekeeper.service.http.routes import ROUTES
 from tests.service import test_http_hit
 from tests.service.served import KINDS, Served, read_response
 

@@ -1,13 +1,15 @@
 """The service's decision engine: a parsed request -> a result, whatever face asked.
 
 - ``core``: ``Engine``: named policies (hit, peek, refund, reset), leases of concurrency
-  policies, runtime toggles;
+  policies, runtime toggles, and the fast paths (``answer_now``) a protocol calls first;
+- ``fast``: the fast hit on an in-process store (an admitted hit as the store's outcome);
 - ``cache``: the over-limit cache; ``keys``: store keys and lease tokens;
 - ``results``: what it answers (``Result``, ``LeaseResult``).
 
 The protocols (``service.http``, ``service.envoy``) parse and render; they ask the engine.
 """
 
+from ...limiter import Pending as Pending
 from .cache import OverLimitCache as OverLimitCache
 from .core import Engine as Engine
 from .keys import envoy_key as envoy_key

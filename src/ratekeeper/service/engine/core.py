@@ -30,21 +30,23 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...concurrency import AsyncConcurrencyLimiter, Lease
 from ...decision import Decision
 from ...errors import BadRequest
-from ...limiter import AsyncLimiter
-from ...plan import Op
+from ...limiter import AsyncLimiter, Pending
+from ...plan import Op, decide
 from ..config.loader import ConcurrencySpec, PolicySpec, ServiceConfig
 from ..metrics import Metrics
 from .cache import OverLimitCache
+from .fast import Admitted, FastHits
 from .keys import lease_token, parse_lease_token, store_key
 from .results import LeaseResult, Result, _result
 
 UNLIMITED_REMAINING = 2**32 - 1
+MAX_COST = 2**31 - 1
 S = TypeVar("S", PolicySpec, ConcurrencySpec)
 
 
@@ -71,6 +73,8 @@ class Engine:
         self.generation = 0
         """Changes whenever a policy may answer differently (reload, toggle): what callers
         derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
+        self.fast = FastHits(self)
+        """The fast hit on an in-process store (``answer_now`` asks it first)."""
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
@@ -124,6 +128,29 @@ class Engine:
             except UnicodeEncodeError:  # a lone surrogate from JSON "\ud800": no store takes it
                 raise BadRequest(field, f"{field} is not valid Unicode text") from None
         return key
+
+    def checked(self, req: Mapping[str, Any]) -> tuple[PolicySpec, str, int]:
+        """A decision request's policy, key and cost (1 when absent), from its parsed fields
+        (``policy``, ``key``, ``cost``), or ``BadRequest`` naming the field."""
+        config = self.config
+        name = req.get("policy")
+        spec = None
+        if type(name) is str and name not in self.overrides:  # spec's common case
+            spec = config.policies.get(name)
+        if spec is None:
+            spec = self.spec(name)
+        key = req.get("key")
+        if type(key) is not str or not key.isascii() or not 0 < len(key) <= config.max_key_length:
+            if "key" not in req:
+                raise BadRequest("key", "key is missing; expected a non-empty string")
+            key = self.check_key(key)  # the checks with their messages
+        cost = req.get("cost", 1)
+        if type(cost) is not int or not 1 <= cost <= MAX_COST:
+            if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
+                cost = int(cost)
+            if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+                raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
+        return spec, key, cost
 
     def toggle(
         self, name: str, enabled: bool | None, shadow: bool | None, block: bool | None = None
@@ -241,6 +268,43 @@ class Engine:
                     return _result((local, spec.name, False, False))
                 return self.settle(spec, key, cost, local)
         return None
+
+    def answer_now(
+        self, op: str, spec: PolicySpec, key: str, cost: int, soon: bool = False
+    ) -> Admitted | Result | Pending | None:
+        """``hit`` or ``peek`` answered without awaiting, its fast paths first: an admitted fast
+        hit (``fast``: the store's outcome, counted), else ``decide_now``'s ``Result``; else,
+        when ``soon`` is asked and a batching store has queued the call, its ``Pending`` (give
+        it to ``answered`` once its future is done); else None, having done nothing: await
+        ``answer``. For a protocol that answers from a callback (the HTTP protocol)."""
+        if op == "hit":
+            made = self.fast.hit(spec, key, cost)
+            if made is not None:
+                return made
+        stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
+        result = self.decide_now(op, spec, key, cost, stored)
+        if result is None and soon:
+            kind: Op = "hit" if op == "hit" else "peek"
+            return self.limiter.decide_soon(kind, stored, spec.policy, cost)
+        return result
+
+    async def answer(self, op: str, spec: PolicySpec, key: str, cost: int) -> Result:
+        """The store's answer to what ``answer_now`` could not decide."""
+        return await self.ask(op, spec, key, cost, f"{len(spec.name)}:{spec.name}:{key}")
+
+    def answered(
+        self, spec: PolicySpec, key: str, cost: int, pending: Pending
+    ) -> Admitted | Result:
+        """The answer to a ``Pending`` of ``answer_now`` once its batch is back (call it once):
+        as ``answer_now`` would have answered, counted and settled."""
+        plan = pending.plan
+        stored = pending.result()
+        if isinstance(stored, Decision):  # the failure policy's
+            return self.settle(spec, key, cost, stored)
+        made = self.fast.stored(spec, key, cost, stored, plan.now_ms)
+        if made is None:  # no fast plan: the general way
+            return self.settle(spec, key, cost, decide(plan, stored))
+        return made
 
     async def ask(self, op: str, spec: PolicySpec, key: str, cost: int, stored: str) -> Result:
         """The store's answer to what ``decide_now`` could not decide."""

@@ -24,8 +24,8 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from ...errors import BadRequest
+from ..auth import check_bearer
 from ..config.settings import AuthSettings
-from ..http.api import check_bearer
 from .reply import ReplyEncoder
 from .rls import Answer, Descriptor, Envoy, check_override_unit
 

@@ -29,107 +29,52 @@ wrong types, an unknown policy, a key too long or a body over 64 kB get a 4xx JS
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
-import math
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from ...decision import Decision
 from ...errors import BadRequest
-from ...limiter import Pending
-from ...plan import Op, decide
-from ..config.loader import OVER_LIMIT_STATUSES, PolicySpec
-from ..engine import Engine, LeaseResult, Result
+from ..auth import _same
+from ..config.loader import PolicySpec
+from ..engine import Engine, Pending, Result, store_key
 from . import dashboard
+from .body import (
+    MAX_BODY,
+    Receive,
+    Scope,
+    Send,
+    _body,
+    _lifespan,
+    _method,
+    _object,
+    _optional_bool,
+    _over_limit_status,
+    _rest,
+)
 from .guard import BrowserRules, Head
-from .hit import HttpHits
+from .hit import rendered
+from .render import (
+    _INTERNAL,
+    _PROM,
+    Answer,
+    Headers,
+    Response,
+    _decision_response,
+    _encode,
+    _lease_json,
+    _result_body,
+    openapi_document,
+)
+from .routes import _DECIDE, _FIELDS, _access_of_unknown, find_route
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-Headers = dict[str, str] | list[tuple[bytes, bytes]]
-Response = tuple[int, bytes, list[tuple[bytes, bytes]]]
-"""A response: status, body and headers (``content-type`` and ``content-length`` too)."""
-Answer = tuple[int, bytes, list[tuple[bytes, bytes]] | bytes]
-"""A ``Response``, or one whose headers are the lines HTTP sends (``decide_now``'s ``block``)."""
-
-MAX_BODY = 64 * 1024
 CONCURRENCY_RETRY_AFTER = 1
 """``Retry-After`` seconds of a full concurrency policy's 429: a slot frees when any request of
 the key ends, which no one can predict; one second keeps retrying clients from spinning."""
 MAX_COST = 2**31 - 1
-OPENAPI = Path(__file__).with_name("openapi.json")
 log = logging.getLogger("ratekeeper.service")
 
-_JSON = (b"content-type", b"application/json")
 LOOPBACK = BrowserRules()
 """The browser rules of a service on a loopback address (``HttpApi``'s default)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One route: its method, its path (``{name}`` matches the rest of the path) and who may
-    call it: ``public`` (no token), ``client`` (either token) or ``admin`` (the admin token)."""
-
-    method: str
-    path: str
-    access: str
-
-
-ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/hit", "client"),
-    Route("POST", "/v1/peek", "client"),
-    Route("POST", "/v1/refund", "client"),
-    Route("POST", "/v1/reset", "admin"),
-    Route("GET", "/v1/policies", "client"),
-    Route("POST", "/v1/concurrency/acquire", "client"),
-    Route("POST", "/v1/concurrency/release", "client"),
-    Route("POST", "/v1/admin/reload", "admin"),
-    Route("POST", "/v1/admin/policies/{name}", "admin"),
-    Route("GET", "/healthz", "public"),
-    Route("GET", "/metrics", "public"),
-    Route("GET", "/openapi.json", "public"),
-    Route("GET", "/dashboard", "public"),
-    Route("GET", "/dashboard/data", "client"),
-    Route("POST", "/dashboard/modes", "admin"),
-)
-"""Every route the API serves, the one place that says who may call what (tests read it)."""
-
-_EXACT = {r.path: r for r in ROUTES if "{" not in r.path}
-_DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
-"""The client routes that decide, served before the router (``ROUTES`` says the same)."""
-_FIELDS = {
-    "hit": {"policy", "key", "cost", "over_limit_status"},
-    "peek": {"policy", "key", "cost"},
-    "refund": {"policy", "key", "cost"},
-    "reset": {"policy", "key"},
-}
-"""The body fields each decision route takes."""
-_TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]
-
-
-def find_route(path: str) -> Route | None:
-    """The route serving ``path``, or None."""
-    route = _EXACT.get(path)
-    if route is not None:
-        return route
-    for head, templated in _TEMPLATED:
-        if path.startswith(head) and len(path) > len(head):
-            return templated
-    return None
-
-
-def _access_of_unknown(path: str) -> str:
-    """Unknown paths under ``/v1/`` still need a token, so they reveal nothing."""
-    if path.startswith("/v1/admin/"):
-        return "admin"
-    return "client" if path.startswith("/v1/") else "public"
 
 
 class HttpApi:
@@ -152,7 +97,6 @@ class HttpApi:
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
         self.in_flight = 0
-        self.hits = HttpHits(engine)
         engine.metrics.watch_in_flight(self.requests_in_flight)
 
     def requests_in_flight(self) -> int:
@@ -261,27 +205,22 @@ class HttpApi:
             if op == "refund":
                 later = True
                 return self._later(path, self._refunded(req))
-            spec, key, cost = self._checked(req)
+            spec, key, cost = engine.checked(req)
             over = 200
             if op == "hit":
                 over = engine.config.over_limit_status
                 if "over_limit_status" in req:
                     over = _over_limit_status(req, over)
-            result = self.hits.answer(spec, key, cost, block) if op == "hit" else None
-            if result is None:
-                stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
-                result = engine.decide_now(op, spec, key, cost, stored)
-                if result is None:
-                    later = True
-                    if soon:
-                        kind: Op = "hit" if op == "hit" else "peek"
-                        pending = engine.limiter.decide_soon(kind, stored, spec.policy, cost)
-                        if pending is not None:  # in the store's next batch
-                            return Soon(self, path, pending, spec, key, cost, over, block)
-                    return self._later(path, self._asked(op, spec, key, cost, stored, over))
-            if isinstance(result, Result):
-                return _decision_response(result, over)
-            payload, raw = result  # admitted, its response made
+            made = engine.answer_now(op, spec, key, cost, soon)
+            if isinstance(made, Result):
+                return _decision_response(made, over)
+            if made is None:
+                later = True
+                return self._later(path, self._asked(op, spec, key, cost, over))
+            if isinstance(made, Pending):  # in the store's next batch
+                later = True
+                return Soon(self, path, made, spec, key, cost, over, block)
+            payload, raw = rendered(made, block)  # an admitted fast hit
             return 200, payload, raw
         except Exception as exc:
             return self._failed(exc, "POST", path)
@@ -289,11 +228,9 @@ class HttpApi:
             if not later:
                 self.in_flight -= 1
 
-    async def _asked(
-        self, op: str, spec: PolicySpec, key: str, cost: int, stored: str, over: int
-    ) -> Response:
+    async def _asked(self, op: str, spec: PolicySpec, key: str, cost: int, over: int) -> Response:
         """The response when the store must be asked."""
-        return _decision_response(await self.engine.ask(op, spec, key, cost, stored), over)
+        return _decision_response(await self.engine.answer(op, spec, key, cost), over)
 
     async def _refunded(self, req: dict[str, Any]) -> Response:
         return _encode(*await self._decide("refund", req))
@@ -392,10 +329,10 @@ class HttpApi:
 
     async def _decide(self, op: str, req: dict[str, Any]) -> tuple[int, Any, Headers]:
         engine = self.engine
-        spec, key, cost = self._checked(req)
+        spec, key, cost = engine.checked(req)
         if op == "hit" or op == "peek":
             over = 200 if op == "peek" else _over_limit_status(req, engine.config.over_limit_status)
-            result = await engine.decide(op, spec, key, cost, f"{len(spec.name)}:{spec.name}:{key}")
+            result = await engine.decide(op, spec, key, cost, store_key(spec.name, key))
             status = 200 if result.decision.allowed else over
             return status, _result_body(result), result.decision.header_lines(result.policy)
         if op == "refund":
@@ -403,29 +340,6 @@ class HttpApi:
             return 200, {"refunded": cost, "policy": spec.name}, {}
         await engine.reset(spec, key)
         return 200, {"reset": True, "policy": spec.name}, {}
-
-    def _checked(self, req: dict[str, Any]) -> tuple[PolicySpec, str, int]:
-        """A decision request's policy, key and cost (1 when absent), or ``BadRequest``."""
-        engine = self.engine
-        config = engine.config
-        name = req.get("policy")
-        spec = None
-        if type(name) is str and name not in engine.overrides:  # engine.spec's common case
-            spec = config.policies.get(name)
-        if spec is None:
-            spec = engine.spec(name)
-        key = req.get("key")
-        if type(key) is not str or not key.isascii() or not 0 < len(key) <= config.max_key_length:
-            if "key" not in req:
-                raise BadRequest("key", "key is missing; expected a non-empty string")
-            key = engine.check_key(key)  # the checks with their messages
-        cost = req.get("cost", 1)
-        if type(cost) is not int or not 1 <= cost <= MAX_COST:
-            if isinstance(cost, float) and cost.is_integer():  # JSON Schema's integer: 2.0 is 2
-                cost = int(cost)
-            if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
-                raise BadRequest("cost", f"cost {cost!r} is invalid; expected a whole number >= 1")
-        return spec, key, cost
 
     def _describe(self, name: str) -> dict[str, Any]:
         if name in self.engine.config.concurrency:
@@ -471,54 +385,10 @@ class HttpApi:
             raise BadRequest("authorization", "missing or wrong bearer token", 401)
 
 
-_PROM = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def openapi_document(max_key_length: int) -> bytes:
-    """The OpenAPI document with this config's key length limit as ``maxLength`` on every
-    ``key``, so a request valid by the document is one the service accepts."""
-    doc = json.loads(OPENAPI.read_text())
-    for schema in doc["components"]["schemas"].values():
-        key = schema.get("properties", {}).get("key")
-        if key is not None:
-            key["maxLength"] = max_key_length
-    return json.dumps(doc, indent=1, ensure_ascii=False).encode()
-
-
-def check_bearer(given: str, expected: str) -> bool:
-    """Constant-time token check (shared with the gRPC API)."""
-    return _same(given.encode("latin-1", "replace"), expected)
-
-
-def _same(given: bytes, expected: str) -> bool:
-    return bool(expected) and hmac.compare_digest(given, expected.encode())
-
-
-def _encode(status: int, body: Any, headers: Headers) -> Response:
-    """A response: its body as bytes (JSON unless bytes already) and its header lines, with
-    ``content-type`` (JSON unless given) and ``content-length``; names lower case."""
-    payload = body if isinstance(body, bytes) else _dumps(body)
-    if isinstance(headers, list):  # a decision's, encoded already
-        raw = headers
-        raw.append(_JSON)
-    elif headers:
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        if "content-type" not in headers:
-            raw.append(_JSON)
-    else:
-        raw = [_JSON]
-    raw.append((b"content-length", b"%d" % len(payload)))
-    return status, payload, raw
-
-
-def _dumps(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-
-
 class Soon:
     """``decide_now``'s answer while the store's batch is out: once ``pending.future`` is done,
     ``answer()`` makes the response, as the coroutine ``decide_now`` returns otherwise would
-    (an admitted decision's from the policy's plan, ``HttpHits.stored``). No task and no
+    (``Engine.answered``). No task and no
     coroutine per request: the HTTP protocol waits with ``future.add_done_callback``."""
 
     __slots__ = ("api", "block", "cost", "key", "over", "path", "pending", "spec")
@@ -550,207 +420,14 @@ class Soon:
         api = self.api
         spec, key, cost = self.spec, self.key, self.cost
         try:
-            plan = self.pending.plan
-            stored = self.pending.result()
-            if isinstance(stored, Decision):  # the failure policy's
-                result = api.engine.settle(spec, key, cost, stored)
-            else:
-                made = api.hits.stored(spec, key, cost, stored, plan.now_ms, self.block)
-                if made is None:  # no plan: the general way
-                    result = api.engine.settle(spec, key, cost, decide(plan, stored))
-                elif isinstance(made, Result):
-                    result = made
-                else:
-                    return 200, made[0], made[1]
-            return _decision_response(result, self.over)
+            made = api.engine.answered(spec, key, cost, self.pending)
+            if isinstance(made, Result):
+                return _decision_response(made, self.over)
+            payload, raw = rendered(made, self.block)  # an admitted fast hit
+            return 200, payload, raw
         except asyncio.CancelledError:
             return None
         except Exception as exc:
             return api._failed(exc, "POST", self.path)
         finally:
             api.in_flight -= 1
-
-
-def _decision_response(result: Result, over: int) -> Response:
-    """A decision's response: 200, or ``over`` when it is a rejection."""
-    decision = result.decision
-    raw = decision.header_lines(result.policy)
-    raw.append(_JSON)
-    payload = _result_body(result)
-    raw.append((b"content-length", b"%d" % len(payload)))
-    return (200 if decision.allowed else over), payload, raw
-
-
-_INTERNAL = {"error": "internal error", "field": None}
-
-
-def _over_limit_status(req: dict[str, Any], default: int) -> int:
-    """The status a hit over its limit answers with: the request's ``over_limit_status`` or
-    the config's ``limits.over_limit_status``. 200 by default: the call itself succeeded, and
-    its answer is "no" (see docs/service.md, "Why over the limit is a 200")."""
-    status = req.get("over_limit_status", default)
-    if isinstance(status, bool) or status not in OVER_LIMIT_STATUSES:
-        raise BadRequest(
-            "over_limit_status", f"over_limit_status {status!r} is invalid; expected 200 or 429"
-        )
-    return int(status)
-
-
-def _result_json(result: Result) -> dict[str, Any]:
-    d = result.decision
-    return {
-        "allowed": d.allowed,
-        "limit": d.limit,
-        "remaining": d.remaining,
-        "reset_at": d.reset_at,
-        "retry_after": d.retry_after if math.isfinite(d.retry_after) else None,
-        "policy": result.policy,
-        "degraded": d.degraded,
-        "shadow": result.shadow,
-    }
-
-
-def _result_body(result: Result) -> bytes:
-    """``_result_json`` encoded as ``json.dumps`` would (compact), without building the dict:
-    the body of every decision."""
-    d = result.decision
-    if not math.isfinite(d.reset_at):  # never from a store; json.dumps refuses it, as before
-        return json.dumps(_result_json(result), separators=(",", ":"), allow_nan=False).encode()
-    retry = d.retry_after
-    return _RESULT % (
-        b"true" if d.allowed else b"false",
-        d.limit,
-        d.remaining,
-        float.__repr__(d.reset_at).encode(),
-        float.__repr__(retry).encode() if math.isfinite(retry) else b"null",
-        _json_string(result.policy),
-        b"true" if d.degraded else b"false",
-        b"true" if result.shadow else b"false",
-    )
-
-
-_RESULT = (
-    b'{"allowed":%s,"limit":%d,"remaining":%d,"reset_at":%s,"retry_after":%s,'
-    b'"policy":%s,"degraded":%s,"shadow":%s}'
-)
-
-
-@lru_cache(maxsize=1024)
-def _json_string(text: str) -> bytes:
-    return json.dumps(text).encode()
-
-
-def _lease_json(lease: LeaseResult) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "acquired": lease.acquired,
-        "lease": lease.lease,
-        "limit": lease.limit,
-        "in_use": lease.in_use,
-        "expires_at": lease.expires_at,
-        "policy": lease.policy,
-        "degraded": lease.degraded,
-        "shadow": lease.shadow,
-    }
-    if not lease.acquired:
-        out["error"] = "concurrency_limited"
-        out["message"] = (  # "secondary rate limit": GitHub's clients back off on it
-            f"You have exceeded a secondary rate limit: {lease.limit} requests of this key are "
-            f"already in progress under {lease.policy!r}; retry when one of them has finished"
-        )
-    return out
-
-
-def _method(method: str, expected: str) -> None:
-    if method != expected:
-        raise BadRequest("method", f"method {method} is not allowed here; use {expected}", 405)
-
-
-async def _body(scope: Scope, receive: Receive) -> bytes:
-    message = await receive()
-    if message["type"] == "http.request" and not message.get("more_body", False):
-        body: bytes = message.get("body", b"")
-        if len(body) <= MAX_BODY:  # the whole body, small: its length needs no other check
-            return body
-    return await _rest(scope, receive, message)
-
-
-async def _rest(scope: Scope, receive: Receive, message: Message) -> bytes:
-    """The body after its first message (its announced length was checked with the head)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        if message["type"] == "http.disconnect":
-            raise BadRequest("body", "the client went away before sending the body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise BadRequest("body", f"body is over the limit of {MAX_BODY} bytes", 413)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-        message = await receive()
-
-
-def _object(raw: bytes, fields: set[str]) -> dict[str, Any]:
-    """The body as a JSON object of known fields, or ``BadRequest`` saying what is wrong."""
-    value: Any = None
-    if raw[:1] == b"{" and raw[-1:] == b"}" and len(raw) <= MAX_BODY:
-        try:  # a UTF-8 object, read by the C scanner (json.loads builds a decoder per call)
-            text = raw.decode()
-            value, end = _SCAN(text, 0)
-            if end != len(text):
-                value = None
-        except (ValueError, StopIteration, RecursionError):
-            value = None
-    if value is None:  # anything else through json.loads, so its messages stay the same
-        value = _slow_object(raw)
-    if not isinstance(value, dict):
-        raise BadRequest("body", f"the body is a JSON {type(value).__name__}; expected an object")
-    if value.keys() <= fields:  # the usual case, checked in C
-        return value
-    for name in value:
-        if name not in fields:  # field "body": the client's text must not become a metric label
-            shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}... ({len(name)} chars)"
-            expected = ", ".join(sorted(fields))
-            raise BadRequest("body", f"unknown field {shown}; expected {expected}")
-    return value
-
-
-def _slow_object(raw: bytes) -> Any:
-    if len(raw) > MAX_BODY:
-        raise BadRequest("body", f"body is {len(raw)} bytes; the limit is {MAX_BODY}", 413)
-    if not raw.strip():
-        raise BadRequest("body", "the body is empty; expected a JSON object")
-    try:
-        return json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest("body", f"the body is not valid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(
-    parse_constant=_no_constant
-).scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, missing in typeshed
-
-
-def _optional_bool(req: dict[str, Any], name: str) -> bool | None:
-    """An optional boolean field: absent is None; present, it must be true or false."""
-    if name not in req:
-        return None
-    value = req[name]
-    if not isinstance(value, bool):
-        raise BadRequest(name, f"{name} {value!r} is invalid; expected true or false")
-    return value
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from .api import Answer
+from .render import Answer
 
 if TYPE_CHECKING:
     from .connection import HttpConnection, Request

@@ -52,9 +52,10 @@ from urllib.parse import unquote
 import httptools
 
 from ...errors import BadRequest
-from .api import Answer, Response, Soon
+from .api import Soon
 from .asgi import SERVER_ERROR, AsgiCall
 from .guard import NOTED, Head
+from .render import Answer, Response
 
 if TYPE_CHECKING:
     from .server import HttpServer

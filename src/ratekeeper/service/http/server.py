@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
-from .api import MAX_BODY
 from .asgi import App
+from .body import MAX_BODY
 from .connection import Front, HttpConnection
 
 FD_RESERVE = 64
