@@ -11,16 +11,27 @@ complete, gets a 500 (logged) and the connection closes after it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .render import Answer
-
-if TYPE_CHECKING:
-    from .connection import HttpConnection, Request
+from .request import Request
 
 Message = MutableMapping[str, Any]
+
+
+class Connection(Protocol):
+    """What an ``AsgiCall`` uses of its connection (``connection.HttpConnection``)."""
+
+    transport: asyncio.Transport
+
+    def answered(self, request: Request, answer: Answer, close: bool = False) -> None: ...
+
+    def disconnected(self) -> asyncio.Future[None]: ...
+
+
 App = Callable[[Any, Any, Any], Awaitable[None]]
 """An ASGI application: ``app(scope, receive, send)``."""
 log = logging.getLogger("ratekeeper.service")
@@ -37,7 +48,7 @@ class AsgiCall:
 
     __slots__ = ("chunks", "conn", "done", "headers", "received", "request", "started", "status")
 
-    def __init__(self, conn: HttpConnection, request: Request) -> None:
+    def __init__(self, conn: Connection, request: Request) -> None:
         self.conn = conn
         self.request = request
         self.received = False

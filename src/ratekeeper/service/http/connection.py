@@ -43,24 +43,64 @@ import logging
 import re
 from collections import deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import httptools
 
 from ...errors import BadRequest
 from .api import Soon
-from .asgi import SERVER_ERROR, AsgiCall
+from .asgi import SERVER_ERROR, App, AsgiCall
+from .body import MAX_BODY
 from .guard import NOTED, Head
 from .render import Answer, Response
-
-if TYPE_CHECKING:
-    from .server import HttpServer
+from .request import Request
 
 log = logging.getLogger("ratekeeper.service")
+MAX_HEAD = 16 * 1024
+"""Most bytes of a request line and headers (431 past them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Limits of the HTTP server; times in seconds."""
+
+    header_timeout: float = 10.0
+    """A request's head must be complete this long after the connection opened or the
+    previous answer was sent."""
+    body_timeout: float = 10.0
+    """A request's body must be complete this long after its head."""
+    idle_timeout: float = 5.0
+    """A connection without a request's first byte this long after it opened or the previous
+    answer was sent is closed (keep-alive)."""
+    send_timeout: float = 10.0
+    """A client that takes nothing from a full send buffer for this long is cut off."""
+    max_connections: int = 10_000
+    max_body: int = MAX_BODY
+    max_head: int = MAX_HEAD
+    max_pipeline: int = 64
+    """Requests waiting for their answers on one connection past which reading pauses."""
+
+
+class Host(Protocol):
+    """What a connection uses of its server (``server.HttpServer``)."""
+
+    app: App
+    settings: HttpSettings
+    front: Front | None
+    loop: asyncio.AbstractEventLoop
+    date: bytes
+
+    def opened(self, conn: HttpConnection) -> None: ...
+
+    def lost(self, conn: HttpConnection) -> None: ...
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+
 
 STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -98,36 +138,6 @@ class Front(Protocol):
     ) -> Answer | Soon | Coroutine[Any, Any, Response]: ...
 
 
-class Request:
-    """One request on a connection, from its first byte to its answer being written."""
-
-    __slots__ = (
-        "answer", "body", "close", "complete", "continued", "expect", "head", "headers",
-        "keep_alive", "method", "path", "query", "raw_path", "size", "url", "version",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head = Head()
-        self.body: list[bytes] = []
-        self.size = 0
-        self.method = ""
-        self.path = ""
-        self.raw_path = b""
-        self.query = b""
-        self.version = "1.1"
-        self.keep_alive = True
-        self.complete = False
-        """Its whole body has arrived."""
-        self.expect = False
-        """It asked for ``100 Continue``."""
-        self.continued = False
-        self.close = False
-        """The connection closes after its answer (a framing error)."""
-        self.answer: Answer | None = None
-
-
 class _Stop(Exception):
     """Raised from a parser callback to stop parsing (the reason is ``problem``)."""
 
@@ -135,7 +145,7 @@ class _Stop(Exception):
 class HttpConnection(asyncio.Protocol):
     """One client connection (module docstring)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         settings = server.settings
         self.max_head = settings.max_head

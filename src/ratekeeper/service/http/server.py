@@ -22,20 +22,18 @@ import resource
 import socket
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
 from .asgi import App
-from .body import MAX_BODY
+from .connection import MAX_HEAD as MAX_HEAD
 from .connection import Front, HttpConnection
+from .connection import HttpSettings as HttpSettings
 
 FD_RESERVE = 64
 """Descriptors kept free of client connections: listeners, store connections, gRPC, logs."""
 SWEEP = 0.25
 """Seconds between two looks at every connection's timers."""
-MAX_HEAD = 16 * 1024
-"""Most bytes of a request line and headers (431 past them)."""
 
 
 def default_max_connections() -> int:
@@ -44,27 +42,6 @@ def default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return 10_000
     return max(16, min(10_000, soft - FD_RESERVE))
-
-
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    """Limits of the HTTP server; times in seconds."""
-
-    header_timeout: float = 10.0
-    """A request's head must be complete this long after the connection opened or the
-    previous answer was sent."""
-    body_timeout: float = 10.0
-    """A request's body must be complete this long after its head."""
-    idle_timeout: float = 5.0
-    """A connection without a request's first byte this long after it opened or the previous
-    answer was sent is closed (keep-alive)."""
-    send_timeout: float = 10.0
-    """A client that takes nothing from a full send buffer for this long is cut off."""
-    max_connections: int = 10_000
-    max_body: int = MAX_BODY
-    max_head: int = MAX_HEAD
-    max_pipeline: int = 64
-    """Requests waiting for their answers on one connection past which reading pauses."""
 
 
 class HttpServer:
