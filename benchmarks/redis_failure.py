@@ -79,7 +79,7 @@ def cluster_phases(calls: int) -> list[tuple[str, float, float, int]]:
         clock = ManualClock()
         limiter = Limiter(RedisClusterStore(cluster.url), clock=clock, breaker_threshold=calls + 1)
         out = [("healthy", *timed(limiter, calls))]
-        victim = owner(cluster, redis_key("rk", "bench", "f:1000000/1m"))
+        victim = owner(cluster, redis_key("rk", "bench", "f:1m"))
         victim.pause()
         out.append(("SIGSTOP, breaker closed", *timed(limiter, min(calls, 20))))
         open_limiter = Limiter(RedisClusterStore(cluster.url), clock=clock)

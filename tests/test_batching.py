@@ -286,7 +286,7 @@ def test_a_plan_whose_script_fails_fails_alone(redis_url: str) -> None:
     it now, so every caller key can be sent.)"""
     setup = redis.Redis.from_url(redis_url)
     setup.flushall()
-    setup.rpush(redis_key("rk", "bad", "f:3/1m"), "not a counter")
+    setup.rpush(redis_key("rk", "bad", "f:1m"), "not a counter")
     setup.close()
 
     async def go() -> list[bool]:

@@ -164,7 +164,10 @@ def test_the_seed_is_the_share_of_what_was_left() -> None:
     assert seed("fixed_window", limit, 1000, 40, 50_000, 4) == (25 - 10, 50_000)
     assert seed("fixed_window", limit, 60_000, 40, 50_000, 4) is None  # that window ended
     bucket = share_policy(make_policy("100/minute", "token_bucket", None, None), 4).limits[0]
-    assert seed("token_bucket", bucket, 1000, 400, 0, 4) == (25 * bucket.period_ms, 1000)
+    assert seed("token_bucket", bucket, 1000, 400, 0, 4) == (0, 1000)  # full: lacks nothing
+    assert seed("token_bucket", bucket, 1000, 40, 0, 4) == ((25 - 10) * bucket.period_ms, 1000)
+    cell = share_policy(make_policy("100/minute", "gcra", None, None), 4).limits[0]
+    assert seed("gcra", cell, 1000, 40, 0, 4) == (1000 * 1000 + 15 * cell.unit, cell.count)
 
 
 def test_debts_are_charged_the_decided_key_first_then_in_batches(

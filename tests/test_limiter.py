@@ -39,7 +39,7 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
             (p.name, p.kind, p.default) for p in b.parameters.values()
         ], name
         assert inspect.iscoroutinefunction(aio[name]) == (
-            name in {"hit", "peek", "refund", "reset", "check", "decide"}
+            name in {"hit", "peek", "refund", "reset", "check", "decide", "status", "administer"}
         )
         assert not inspect.iscoroutinefunction(member)
     init_a = inspect.signature(Limiter.__init__).parameters

@@ -189,7 +189,7 @@ def test_a_killed_process_loses_at_most_its_slice(fresh_redis: RedisServer, tmp_
     while not Path(str(path) + ".held").exists():
         assert time.time() < deadline and victim.is_alive()
         time.sleep(0.02)
-    granted, unspent = json.loads(Path(str(path) + ".held").read_text())["f:1000/4s k"]
+    granted, unspent = json.loads(Path(str(path) + ".held").read_text())["f:4s k"]
     assert 0 < unspent <= granted
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)

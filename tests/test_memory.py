@@ -24,18 +24,26 @@ def test_asyncio_gather_admits_exactly_the_limit(algorithm: str) -> None:
 
 
 @algorithms
-def test_a_key_whose_state_stopped_mattering_is_dropped_when_touched(algorithm: str) -> None:
+def test_a_key_whose_state_stopped_mattering_decides_like_none_until_swept(
+    algorithm: str,
+) -> None:
+    """A stale entry is read as it is (as a Redis key is until its TTL): under its own rate it
+    decides like no state; a write replaces it, a sweep drops it."""
     store = MemoryStore()
     clock = ManualClock(T0)
     limiter = Limiter(store=store, clock=clock)
     d = limiter.hit("k", "5/minute", algorithm=algorithm)
     assert len(store) == 1
     clock.set(d.reset_at - 0.001)
-    limiter.peek("k", "5/minute", algorithm=algorithm)
-    assert len(store) == 1
+    assert limiter.peek("k", "5/minute", algorithm=algorithm, cost=0).remaining < 5
     clock.set(d.reset_at)
     assert limiter.peek("k", "5/minute", algorithm=algorithm).remaining == 5
+    assert store.sweep(clock()) == 1
     assert len(store) == 0
+    limiter.hit("k", "5/minute", algorithm=algorithm)
+    clock.set(clock() + 3600)
+    assert limiter.hit("k", "5/minute", algorithm=algorithm).remaining == 4  # replaced
+    assert len(store) == 1
 
 
 @algorithms

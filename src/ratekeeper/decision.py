@@ -6,7 +6,9 @@ A decision is built from one store reply only, so its headers always agree with 
 - GitHub-style ``X-RateLimit-Limit / -Remaining / -Reset`` (integer epoch seconds) ``/ -Used``;
 - the IETF draft "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11,
   structured fields): ``RateLimit-Policy`` lists every rate of the stack as
-  ``"name";q=<quota>;w=<window s>``, and ``RateLimit`` gives the deciding rate as
+  ``"name";q=<quota>;w=<window s>`` (and ``;qu="<unit>"`` when the rate says what it counts,
+  ``Rate.unit``; a calendar rate's ``w`` is its unit's nominal length, a month 30 days, while
+  its reset is the period's true end), and ``RateLimit`` gives the deciding rate as
   ``"name";r=<remaining>;t=<seconds>``;
 - ``Retry-After`` (integer seconds, rounded up) on a rejection that can ever succeed.
 
@@ -162,7 +164,8 @@ def _names(
     fields = []
     for n, r in zip(names, stack, strict=True):
         quota = quotas[stack.index(r)] if quotas else limit if r == rate else r.count
-        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}")
+        unit = "" if r.unit is None else f';qu="{r.unit}"'
+        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}{unit}")
     return deciding, ", ".join(fields)
 
 

@@ -17,6 +17,11 @@ Two clocks: ``clock`` (epoch seconds) decides limits; ``monotonic`` (``time.mono
 the breaker's cool-downs and the failure log's interval, so a frozen or replayed rate clock
 never freezes recovery. Tests inject each separately.
 
+Plans (``quotas=``, a ``ratekeeper.quotas.Quotas``): a rate ``"plan:<limit>"`` is the key's
+tenant's limit of that name (``quotas.cache``), decided like any rate; ``status(key)`` lists
+a tenant's limits without charging, ``administer`` is an admin's atomic reset, credit or debit
+(``quotas.admin`` adds the audit log).
+
 Metrics (``metrics=``, a ``ratekeeper.metrics.Metrics``): each decision is counted under its
 rates (``policy="100/1m"``) unless ``count_decisions=False`` (the middleware and the service
 count under their own names), store calls are timed and their errors counted (the in-process
@@ -31,7 +36,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .algorithms import Outcome
 from .breaker import Breaker
@@ -51,6 +56,7 @@ from .plan import (
     degraded,
     make_policy,
 )
+from .quotas.calls import AsyncPlanCalls, PlanCalls, local_quota_hit, quota_name
 from .rates import Rate
 from .stores.base import (
     AsyncPingable,
@@ -64,6 +70,9 @@ from .stores.base import (
     Store,
 )
 from .stores.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from .quotas.cache import Quotas
 
 RateSpec = str | Rate | Sequence[Rate]
 log = logging.getLogger("ratekeeper")
@@ -111,6 +120,8 @@ class _Core:
         """Set: store calls are timed and errors counted."""
         self.counting: Metrics | None = None
         """Set: every hit is counted as a decision (peeks, refunds and resets are not)."""
+        self.quotas: Quotas | None = None
+        """Set: rates ``"plan:<limit>"`` are the key's tenant's limits."""
 
     def count(self, d: Decision) -> None:
         """Count one decision under its rates (``counting`` is set)."""
@@ -155,12 +166,29 @@ class _Core:
         except TypeError:  # an unhashable rate sequence: never cached
             return None
         if policy is None or cost < 1:
+            quotas = self.quotas
+            if (  # "plan:<limit>", default options
+                policy is None
+                and quotas is not None
+                and cost >= 1
+                and burst is None
+                and buckets is None
+                and aligned is False
+                and count_rejected is False
+            ):
+                return local_quota_hit(self, quotas, key, rate, algorithm, cost)
             return None
         now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
         return None if outcome is None else decide_one(policy, outcome, now)
 
-    def policy_hit(self, key: str, policy: Policy, cost: int) -> Decision | None:
+    def now_ms(self) -> int:
+        """The rate clock now, in whole ms (rounded as ``plan_of`` does)."""
+        return int(self.clock() * 1000 + 0.5)
+
+    def policy_hit(
+        self, key: str, policy: Policy, cost: int, now: int | None = None
+    ) -> Decision | None:
         """``local_hit`` for a policy already made by ``make_policy``: None unless the store is
         in-process, the policy has one rate, and key and cost need no checking."""
         if (
@@ -172,7 +200,8 @@ class _Core:
             or cost < 1
         ):
             return None
-        now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
+        if now is None:
+            now = int(self.clock() * 1000 + 0.5)  # as in ``plan``
         outcome = self.hit_one(policy.slots[0], key, policy.algorithm, policy.limits[0], now, cost)
         return None if outcome is None else decide_one(policy, outcome, now)
 
@@ -390,7 +419,7 @@ class _Base:
         return self._core.stats()
 
 
-class Limiter(_Base):
+class Limiter(_Base, PlanCalls):
     """Synchronous rate limiter. ``Limiter()`` uses an in-memory store and ``time.time``.
 
     Options of the algorithms: ``burst`` (token_bucket, gcra), ``buckets`` (sliding_window),
@@ -404,9 +433,11 @@ class Limiter(_Base):
         fail_open: bool = True,
         metrics: Metrics | None = None,
         count_decisions: bool = True,
+        quotas: Quotas | None = None,
         **breaker: Any,
     ) -> None:
         super().__init__(clock, fail_open, **breaker)
+        self._plans(quotas)
         store = MemoryStore() if store is None else store
         if not isinstance(store, Store):
             raise ConfigError(f"store {store!r} cannot be used by Limiter; it has no execute()")
@@ -452,10 +483,15 @@ class Limiter(_Base):
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
-            decision = self._run(
-                core.plan(
-                    "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+            decision = (
+                self._run(
+                    core.plan(
+                        "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                    )
                 )
+                if name is None
+                else self._quota("hit", key, name, cost)
             )
         assert decision is not None  # hit and peek always produce a decision
         if core.counting is not None:
@@ -492,11 +528,16 @@ class Limiter(_Base):
     ) -> Decision:
         """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
         whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
-        decision = self._run(
-            self._core.plan(
-                "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            decision = self._quota("peek", key, name, cost)
+        else:
+            decision = self._run(
+                core.plan(
+                    "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                )
             )
-        )
         assert decision is not None
         return decision
 
@@ -513,10 +554,13 @@ class Limiter(_Base):
         count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            self._quota("refund", key, name, cost)
+            return
         self._run(
-            self._core.plan(
-                "refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-            )
+            core.plan("refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
         )
 
     def reset(
@@ -531,10 +575,13 @@ class Limiter(_Base):
         count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            self._quota("reset", key, name, 1)
+            return
         self._run(
-            self._core.plan(
-                "reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected
-            )
+            core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
         )
 
 
@@ -573,7 +620,7 @@ class Pending:
         return outcomes
 
 
-class AsyncLimiter(_Base):
+class AsyncLimiter(_Base, AsyncPlanCalls):
     """The same limiter for asyncio: every method is a coroutine."""
 
     def __init__(
@@ -583,9 +630,11 @@ class AsyncLimiter(_Base):
         fail_open: bool = True,
         metrics: Metrics | None = None,
         count_decisions: bool = True,
+        quotas: Quotas | None = None,
         **breaker: Any,
     ) -> None:
         super().__init__(clock, fail_open, **breaker)
+        self._plans(quotas)
         store = MemoryStore() if store is None else store
         if not isinstance(store, AsyncStore):
             raise ConfigError(
@@ -632,10 +681,15 @@ class AsyncLimiter(_Base):
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
-            decision = await self._run(
-                core.plan(
-                    "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+            name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+            decision = (
+                await self._run(
+                    core.plan(
+                        "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                    )
                 )
+                if name is None
+                else await self._quota("hit", key, name, cost)
             )
         assert decision is not None
         if core.counting is not None:
@@ -689,11 +743,16 @@ class AsyncLimiter(_Base):
     ) -> Decision:
         """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
         whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
-        decision = await self._run(
-            self._core.plan(
-                "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            decision = await self._quota("peek", key, name, cost)
+        else:
+            decision = await self._run(
+                core.plan(
+                    "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+                )
             )
-        )
         assert decision is not None
         return decision
 
@@ -710,10 +769,13 @@ class AsyncLimiter(_Base):
         count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            await self._quota("refund", key, name, cost)
+            return
         await self._run(
-            self._core.plan(
-                "refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-            )
+            core.plan("refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
         )
 
     async def reset(
@@ -728,8 +790,11 @@ class AsyncLimiter(_Base):
         count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            await self._quota("reset", key, name, 1)
+            return
         await self._run(
-            self._core.plan(
-                "reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected
-            )
+            core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
         )

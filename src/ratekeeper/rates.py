@@ -9,13 +9,20 @@ Accepted forms (case-insensitive, spaces allowed around parts)::
     100/30s  100/5 minutes  20/2h  1/1d  7/1500ms         a multiple of a unit
     100 per minute                                        "per" instead of "/"
     2/second; 100/minute                                  a stack: every rate must admit
+    1000/calendar-month   10/calendar-day                 calendar periods (also -week, -year)
 
 A bad string raises ``RateSpecError`` (a ``ValueError``) naming the bad part and listing what
 is accepted; nothing is ever silently read as some other limit.
 
 A month is 30 days and a year 365, the lengths envoyproxy/ratelimit gives its ``MONTH`` and
-``YEAR`` units: windows are fixed lengths, never calendar months. The service reads Envoy-format
-units through ``UNIT_MS``, so the library and the service speak one grammar.
+``YEAR`` units: windows of fixed length. ``calendar-day``, ``-week``, ``-month`` and ``-year``
+count calendar periods instead (``ratekeeper.calendar``: UTC from the period's start; a time
+zone and an anchor such as a billing day with ``Rate.per_calendar``). The service reads
+Envoy-format units through ``UNIT_MS``, so the library and the service speak one grammar.
+
+A rate may say what it counts (``unit``: ``requests``, ``content-bytes``,
+``concurrent-requests``, the quota units of the IETF draft's ``RateLimit-Policy``); None means
+not stated (requests).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .calendar import UNITS as CALENDAR_UNITS
+from .calendar import Calendar
 from .errors import RateSpecError
 
 DAY_MS = 86_400_000
@@ -56,23 +65,32 @@ _UNIT_SHORT = {1_000: "s", 60_000: "m", 3_600_000: "h", DAY_MS: "d"}
 ACCEPTED = (
     "a rate like '100/minute', '5000/hour', '100/30s' or '2/second; 100/minute' "
     "(units: ms, s, sec, second(s), m, min, minute(s), h, hr, hour(s), d, day(s), "
-    "w, wk, week(s), mo, month(s) of 30 days, y, yr, year(s) of 365 days)"
+    "w, wk, week(s), mo, month(s) of 30 days, y, yr, year(s) of 365 days; calendar-day, "
+    "calendar-week, calendar-month, calendar-year)"
 )
+QUOTA_UNITS = ("requests", "content-bytes", "concurrent-requests")
+"""What a rate may count: the quota units of draft-ietf-httpapi-ratelimit-headers-11."""
 MAX_COUNT = 10**12
 MAX_PERIOD_MS = 3650 * 86_400_000
 """Ten years: keeps every algorithm's times far below 2**53 ms, where Lua's doubles are exact."""
 _RATE = re.compile(
-    r"^\s*(?P<count>\S+?)\s*(?:/|\s+per\s+)\s*(?P<mult>\d+)?\s*(?P<unit>[a-z]+)\s*$", re.ASCII
+    r"^\s*(?P<count>\S+?)\s*(?:/|\s+per\s+)\s*(?P<mult>\d+)?\s*(?P<unit>[a-z]+(?:-[a-z]+)?)\s*$",
+    re.ASCII,
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Rate:
-    """``count`` units per ``period`` seconds, e.g. ``Rate(100, 60.0)`` is 100/minute."""
+    """``count`` units per ``period`` seconds, e.g. ``Rate(100, 60.0)`` is 100/minute.
+
+    ``calendar``: the windows are calendar periods (``per_calendar``); ``period`` is then the
+    unit's nominal length. ``unit``: what is counted (``QUOTA_UNITS``), None if not stated."""
 
     count: int
     period: float
     period_ms: int = field(init=False, repr=False, compare=False)
+    calendar: Calendar | None = None
+    unit: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.count, bool) or not isinstance(self.count, int):
@@ -95,6 +113,46 @@ class Rate:
             )
         object.__setattr__(self, "period", period_ms / 1000)
         object.__setattr__(self, "period_ms", period_ms)
+        if self.calendar is not None:
+            if not isinstance(self.calendar, Calendar):
+                raise RateSpecError(f"calendar {self.calendar!r} must be a Calendar")
+            if period_ms != self.calendar.nominal_ms:
+                raise RateSpecError(
+                    f"rate period {self.period!r} s does not match calendar-"
+                    f"{self.calendar.unit}; build calendar rates with Rate.per_calendar"
+                )
+        if self.unit is not None and self.unit not in QUOTA_UNITS:
+            raise RateSpecError(
+                f"rate unit {self.unit!r} is invalid; expected one of {', '.join(QUOTA_UNITS)}"
+            )
+
+    def __repr__(self) -> str:
+        extra = "" if self.calendar is None else f", calendar={self.calendar!r}"
+        extra += "" if self.unit is None else f", unit={self.unit!r}"
+        return f"Rate(count={self.count!r}, period={self.period!r}{extra})"
+
+    @staticmethod
+    def per_calendar(count: int, unit: str, *, timezone: str = "UTC", anchor: str = "") -> Rate:
+        """``count`` per calendar ``unit`` (day, week, month, year) of ``timezone``, starting
+        at ``anchor`` (e.g. ``Rate.per_calendar(1000, "month", timezone="Europe/Berlin",
+        anchor="15")``: from the 15th at 00:00 Berlin time); see ``ratekeeper.calendar``."""
+        calendar = Calendar(unit, timezone, anchor)
+        return Rate(count, calendar.nominal_ms / 1000, calendar=calendar)
+
+    def with_unit(self, unit: str | None) -> Rate:
+        """The same rate counting ``unit``."""
+        if unit == self.unit:
+            return self
+        return Rate(self.count, self.period, calendar=self.calendar, unit=unit)
+
+    @property
+    def window(self) -> str:
+        """The window's length in short form (``1m``, ``30d``, ``1500ms``): with the algorithm,
+        its options and the limit's name, what names a rate's counters in a store."""
+        for ms in (DAY_MS, 3_600_000, 60_000, 1_000):
+            if self.period_ms % ms == 0:
+                return f"{self.period_ms // ms}{_UNIT_SHORT[ms]}"
+        return f"{self.period_ms}ms"
 
     @staticmethod
     def parse(text: str) -> tuple[Rate, ...]:
@@ -105,13 +163,15 @@ class Rate:
 
     @property
     def code(self) -> str:
-        """Short canonical form, e.g. ``100/1m`` or ``7/1500ms``; used in store keys."""
-        for ms in (DAY_MS, 3_600_000, 60_000, 1_000):
-            if self.period_ms % ms == 0:
-                return f"{self.count}/{self.period_ms // ms}{_UNIT_SHORT[ms]}"
-        return f"{self.count}/{self.period_ms}ms"
+        """Short canonical form, e.g. ``100/1m``, ``7/1500ms`` or ``1000/calendar-month``; the
+        rate's name in metrics and headers."""
+        if self.calendar is not None:
+            return f"{self.count}/calendar-{self.calendar.unit}"
+        return f"{self.count}/{self.window}"
 
     def __str__(self) -> str:
+        if self.calendar is not None:
+            return self.code
         for ms, word in _UNIT_WORDS.items():
             if self.period_ms == ms:
                 return f"{self.count}/{word}"
@@ -123,6 +183,11 @@ def _parse_cached(text: str) -> tuple[Rate, ...]:
     parts = [p for p in re.split(r"[;,]", text)]
     if not text.strip():
         raise RateSpecError(f"rate {text!r} is empty; expected {ACCEPTED}")
+    if text.startswith("plan:"):
+        raise RateSpecError(
+            f"rate {text!r} names a plan's limit, but this limiter has no plans; give it "
+            "quotas=Quotas(plans, ...) (ratekeeper.quotas)"
+        )
     rates = []
     for part in parts:
         if not part.strip():
@@ -157,6 +222,18 @@ def _parse_one(part: str, whole: str) -> Rate:
         raise RateSpecError(
             f"rate count 0 in {whole!r} admits nothing; the count must be at least 1"
         )
+    if unit.startswith("calendar-"):
+        name = unit[9:].rstrip("s") if unit.endswith("s") else unit[9:]
+        if name not in CALENDAR_UNITS:
+            raise RateSpecError(f"rate unit {unit!r} in {whole!r} is unknown; expected {ACCEPTED}")
+        if mult_text is not None:
+            raise RateSpecError(
+                f"rate {part.strip()!r} in {whole!r} counts several calendar periods; a "
+                "calendar rate counts one (e.g. '1000/calendar-month')"
+            )
+        if count > MAX_COUNT:
+            raise RateSpecError(f"rate count {count} is out of range; expected 1 to {MAX_COUNT:_}")
+        return Rate.per_calendar(count, name)
     unit_ms = UNIT_MS.get(unit)
     if unit_ms is None:
         raise RateSpecError(f"rate unit {unit!r} in {whole!r} is unknown; expected {ACCEPTED}")

@@ -7,6 +7,10 @@ An algorithm module is a plain module with ``NAME``, ``CODE`` (one letter used i
 - ``step(state, limit, now_ms, cost, charge) -> (Outcome, new_state)``: decide one rate;
   ``charge=False`` is a peek (the outcome says whether ``cost`` would fit, remaining is as now);
 - ``refund(state, limit, now_ms, cost) -> new_state``: give back, never past empty/full;
+- ``credit`` and ``debit`` (same arguments): an admin's top-up and charge. ``debit`` charges
+  ``cost`` whether or not it fits (a refilling or sliding state at most ``DEBT`` capacities
+  past empty); ``credit`` is ``refund``, except that fixed_window's count may go below zero
+  (the window then holds more than its limit);
 - ``expires_ms(state, limit) -> int``: when the state stops mattering (sweeps and Redis TTLs).
   After a charged, admitted step it equals the outcome's ``reset_ms`` (a fully reset rate is
   the same as no state), which the memory store's one-rate hit uses instead of calling it.
@@ -37,6 +41,10 @@ INF = float("inf")
 
 COUNT_REJECTED = 2
 """``Limit.flags`` bit: every hit is charged, admitted or not (envoyproxy/ratelimit's counting)."""
+
+DEBT = 2
+"""How many capacities past empty a ``debit`` may take a refilling or sliding state: the most
+an admin's charge can set a key back (a fixed window counts any debit, up to its cap)."""
 
 HORIZON_MS = 4_102_444_800_000
 """2100-01-01 in epoch ms: exactness checks that add a duration to ``now`` assume now before it."""
@@ -94,6 +102,10 @@ class Algorithm(Protocol):
     ) -> tuple[Outcome, Any]: ...
 
     def refund(self, state: Any, limit: Limit, now_ms: int, cost: int) -> Any: ...
+
+    def credit(self, state: Any, limit: Limit, now_ms: int, cost: int) -> Any: ...
+
+    def debit(self, state: Any, limit: Limit, now_ms: int, cost: int) -> Any: ...
 
     def expires_ms(self, state: Any, limit: Limit) -> int: ...
 

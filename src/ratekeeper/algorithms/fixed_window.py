@@ -21,6 +21,14 @@ Two options give envoyproxy/ratelimit's counting (the service's Envoy domains us
   request found (``remaining`` before it). The counter counts hits whatever the limit, so the
   state slot leaves the count out: every limit of the same period on a key reads one counter.
 
+Calendar rates (``1000/calendar-month``, ``ratekeeper.calendar``) open a window that ends at
+the calendar period's end, computed from ``now`` (and sent to the Lua twin as the rate's
+``period_ms`` argument, with the ``CALENDAR`` bit): the stored end is that period's true end.
+
+An admin's ``credit`` lowers the count, below zero if need be (a top-up: the window then holds
+more than its limit); ``debit`` raises it whatever the limit. Both open a window if none is
+live, as a hit would.
+
 Accuracy: exact per window; two adjacent windows can together admit 2x the limit within one
 period. Memory: one count and one end per key. Store: one read-modify-write per decision.
 """
@@ -37,6 +45,8 @@ OPTIONS: frozenset[str] = frozenset({"aligned", "count_rejected"})
 
 ALIGNED = 1
 """``Limit.flags`` bit: windows start at multiples of the period since the epoch."""
+CALENDAR = 4
+"""``Limit.flags`` bit: windows are the rate's calendar periods (``Rate.calendar``)."""
 MAX_COUNT = 10**15
 """A ``count_rejected`` counter stops growing here (exact in a double; no limit is this high)."""
 
@@ -52,7 +62,17 @@ def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
         if not isinstance(value, bool):
             raise ConfigError(f"option {name}={value!r} for {NAME} is invalid; expected True/False")
         flags |= bit if value else 0
+    if rate.calendar is not None:
+        flags |= CALENDAR
     return Limit(rate, rate.count, rate.period_ms, flags=flags)
+
+
+def window_end(limit: Limit, now_ms: int) -> int:
+    """The end of a window opened at ``now_ms``."""
+    if limit.flags & CALENDAR:
+        return limit.rate.calendar.end_ms(now_ms)  # type: ignore[union-attr]  # the bit says so
+    period = limit.period_ms
+    return (now_ms - now_ms % period if limit.flags & ALIGNED else now_ms) + period
 
 
 def step(
@@ -61,8 +81,12 @@ def step(
     """Admit ``cost`` if it fits in the current window; a rejection changes nothing (unless
     ``count_rejected``: then it is counted too)."""
     if state is None or state[1] <= now_ms:
-        period = limit.period_ms
-        count, end = 0, (now_ms - now_ms % period if limit.flags & ALIGNED else now_ms) + period
+        flags = limit.flags
+        if flags & CALENDAR:
+            count, end = 0, window_end(limit, now_ms)
+        else:
+            period = limit.period_ms
+            count, end = 0, (now_ms - now_ms % period if flags & ALIGNED else now_ms) + period
     else:
         count, end = state
     most = limit.count
@@ -80,10 +104,32 @@ def step(
 
 
 def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State | None:
-    """Give back up to ``cost`` in a live window; an ended window has nothing to refund."""
+    """Give back up to ``cost`` in a live window, never below zero (a count an admin's credit
+    took below zero stays); an ended window has nothing to refund."""
     if state is None or state[1] <= now_ms:
         return None
-    return (max(0, state[0] - cost), state[1])
+    count = state[0]
+    return (count - cost if count > cost else min(count, 0), state[1])
+
+
+def credit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
+    """An admin's top-up: ``cost`` off the window's count, below zero if need be."""
+    count, end = _live(state, limit, now_ms)
+    count -= cost
+    return (count if count > -MAX_COUNT else -MAX_COUNT, end)
+
+
+def debit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
+    """An admin's charge: ``cost`` on the window's count whatever the limit."""
+    count, end = _live(state, limit, now_ms)
+    count += cost
+    return (count if count < MAX_COUNT else MAX_COUNT, end)
+
+
+def _live(state: State | None, limit: Limit, now_ms: int) -> State:
+    if state is None or state[1] <= now_ms:
+        return (0, window_end(limit, now_ms))
+    return state
 
 
 def expires_ms(state: State, limit: Limit) -> int:

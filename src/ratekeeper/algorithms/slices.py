@@ -44,10 +44,14 @@ The rule per algorithm (``SLICED``; the others are decided exactly, one store ca
   sliding estimate weighs units by when they were counted: a unit spent later than counted
   would leave the estimate early.
 
-States are the algorithms' own (``fixed_window``: (count, end_ms); ``token_bucket``: (tokens x
-period_ms, updated_ms); ``gcra``: tat_us), so a peek or a process without slices reads the
-same counters. The Lua twin is ``lua/slices.lua``; ``tests/test_slices.py`` drives both with
-the same random traffic and requires the same replies and states.
+States are the algorithms' own (``fixed_window``: (count, end_ms); ``token_bucket``: (debt:
+missing tokens x period_ms, updated_ms); ``gcra``: (tat_us, the count it was written under)),
+so a peek or a process without slices reads the same counters, and a changed rate keeps them
+as the algorithms do (a debt past a lowered capacity leaves nothing available until it has
+drained; a tat of another count is converted, ``gcra.convert``). Calendar rates are not
+sliced (``LocalBudget`` sends them to the store). The Lua twin is ``lua/slices.lua``;
+``tests/test_slices.py`` drives both with the same random traffic and requires the same
+replies and states.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from typing import Any, NamedTuple
 
 from .base import INF, Limit
 from .fixed_window import ALIGNED
+from .gcra import convert
 
 SLICED = frozenset({"fixed_window", "token_bucket", "gcra"})
 """Algorithms whose limits can be sliced."""
@@ -164,12 +169,12 @@ def expires_ms(name: str, state: Any, pairs: Pairs, limit: Limit) -> int:
         return int(state[1])
     last = max(p[0] for p in pairs) if pairs else 0
     if name == "token_bucket":
-        scaled, updated = state
+        debt, updated = state
         full = limit.capacity * limit.period_ms
-        bucket = updated - (-(full - scaled) // limit.count)
+        bucket = updated - (-debt // limit.count)
         held_back = last - (-full // limit.count) if pairs else 0
         return bucket if bucket > held_back else held_back
-    tat = -(-state // 1000)
+    tat = -(-state[0] // 1000)
     held_back = last - (-(limit.capacity * limit.unit) // 1000) if pairs else 0
     return tat if tat > held_back else held_back
 
@@ -205,7 +210,7 @@ def _bucket(
 ) -> tuple[Taken, Any, Pairs, bool]:
     rate, period, burst = limit.count, limit.period_ms, limit.capacity
     full = burst * period
-    scaled, updated = (full, now) if state is None else state
+    scaled, updated = (full, now) if state is None else (full - state[0], state[1])
     if now > updated:  # refill phase by phase: each lapsed reservation lifts the cap
         held, t = _held(pairs), updated
         for e, _, u in pairs:
@@ -226,7 +231,7 @@ def _bucket(
         if new > scaled:
             returned = (new - scaled) // period
             scaled = new
-    available = scaled // period
+    available = scaled // period if scaled > 0 else 0  # a lowered capacity: the debt drains
     charged = ask.debt if ask.debt < available else available
     scaled -= charged * period
     short = ask.need > available - charged
@@ -240,19 +245,23 @@ def _bucket(
     retry: float = 0
     if short:
         retry = INF if ask.need > burst else since - now - (-(ask.need * period - scaled) // rate)
-    answer = Taken(
-        granted, scaled // period, reset, retry, expires, _held(pairs), returned, charged
-    )
-    return answer, (scaled, updated), pairs, bool(ask.settles or charged or granted)
+    left = scaled // period if scaled > 0 else 0
+    answer = Taken(granted, left, reset, retry, expires, _held(pairs), returned, charged)
+    return answer, (full - scaled, updated), pairs, bool(ask.settles or charged or granted)
 
 
 def _gcra(
-    state: int | None, pairs: Pairs, limit: Limit, now: int, ask: Ask
+    state: tuple[int, int] | None, pairs: Pairs, limit: Limit, now: int, ask: Ask
 ) -> tuple[Taken, Any, Pairs, bool]:
     t, burst = limit.unit, limit.capacity
     tau = burst * t
     now_us = now * 1000
-    tat = now_us if state is None or state < now_us else state
+    if state is None:
+        tat = now_us
+    else:
+        tat = state[0] if state[1] == limit.count else convert(state[0], state[1], limit, now_us)
+        if tat < now_us:
+            tat = now_us
     held = _held(pairs)
     for e, _, u in pairs:  # while units are reserved the arrival time stays >= time + held x T
         floor = (e if e < now else now) * 1000 + held * t
@@ -287,4 +296,4 @@ def _gcra(
     ahead = now_us + tau - tat
     left = ahead // t if ahead > 0 else 0
     answer = Taken(granted, left, -(-tat // 1000), retry, expires, _held(pairs), returned, charged)
-    return answer, tat, pairs, bool(ask.settles or charged or granted)
+    return answer, (tat, limit.count), pairs, bool(ask.settles or charged or granted)

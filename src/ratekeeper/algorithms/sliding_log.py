@@ -19,7 +19,7 @@ from bisect import bisect_right, insort
 
 from ..errors import ConfigError
 from ..rates import Rate
-from .base import INF, Limit, Outcome, new_outcome
+from .base import DEBT, INF, Limit, Outcome, new_outcome
 
 NAME = "sliding_log"
 CODE = "l"
@@ -81,6 +81,20 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
     """Remove the ``cost`` newest entries still in the window."""
     log = _live(state, limit, now_ms)
     del log[max(0, len(log) - cost) :]
+    return tuple(log)
+
+
+credit = refund
+"""An admin's top-up: a refund (the newest units out of the log)."""
+
+
+def debit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
+    """An admin's charge: ``cost`` units logged at ``now_ms`` whatever the window holds, up to
+    ``DEBT`` capacities past the limit."""
+    log = _live(state, limit, now_ms)
+    n = min(cost, (DEBT + 1) * limit.count - len(log))
+    for _ in range(max(n, 0)):
+        insort(log, now_ms)
     return tuple(log)
 
 

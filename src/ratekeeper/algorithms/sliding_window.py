@@ -20,7 +20,7 @@ read-modify-write per decision.
 from __future__ import annotations
 
 from ..rates import Rate
-from .base import INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
+from .base import DEBT, INF, Limit, Outcome, ceil_div, check_exact, int_option, new_outcome
 
 NAME = "sliding_window"
 CODE = "s"
@@ -34,7 +34,7 @@ State = tuple[int, tuple[int, ...]]
 def make_limit(rate: Rate, options: dict[str, int]) -> Limit:
     """``buckets``: sub-intervals per period, 1..60 (default 1)."""
     buckets = int_option("buckets", options.get("buckets", 1), 1, MAX_BUCKETS, NAME)
-    check_exact(rate.count * rate.period_ms * (buckets + 1), f"rate {rate}", NAME)
+    check_exact((DEBT + 1) * rate.count * rate.period_ms * (buckets + 1), f"rate {rate}", NAME)
     return Limit(rate, rate.count, rate.period_ms, buckets=buckets)
 
 
@@ -180,6 +180,19 @@ def refund(state: State | None, limit: Limit, now_ms: int, cost: int) -> State |
         cost -= give
         if cost == 0:
             break
+    return (cur, _trim(counts))
+
+
+credit = refund
+"""An admin's top-up: a refund (never below zero)."""
+
+
+def debit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
+    """An admin's charge: ``cost`` in the newest bucket whatever the estimate, up to ``DEBT``
+    capacities past the limit."""
+    cur, _, counts = _align(state, limit, now_ms)
+    room = (DEBT + 1) * limit.count - sum(counts)
+    counts[0] += cost if cost < room else max(room, 0)
     return (cur, _trim(counts))
 
 

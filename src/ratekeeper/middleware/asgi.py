@@ -24,13 +24,16 @@ from typing import Any
 from ..clock import Clock
 from ..limiter import AsyncLimiter
 from ..metrics.core import Metrics
+from ..quotas.cache import Quotas
 from ..stores.base import AsyncStore
 from ..stores.memory import MemoryStore
+from . import status as status_route
 from .checks import ChargeWhen, Check, Controls
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
-from .request import PriorityFunc, from_scope, trusted_networks
+from .request import PriorityFunc, RequestInfo, from_scope, trusted_networks
 from .responses import Rejection
 from .runner import AsyncRunner
+from .status import check_status_path
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,8 +79,12 @@ class RateLimitMiddleware:
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
+        quotas: Quotas | None = None,
+        status_path: str | None = None,
+        problem_details: bool = False,
     ) -> None:
         self.app = app
+        self.status_path = check_status_path(status_path)
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: AsyncStore = MemoryStore() if store is None else store
         self.gate = Gate(
@@ -90,6 +97,8 @@ class RateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            quotas=quotas,
+            problem_details=problem_details,
             asgi=True,
         )
         self.controls = self.gate.controls
@@ -107,6 +116,9 @@ class RateLimitMiddleware:
             return
         gate = self.gate
         request = from_scope(scope, self.trusted_proxies)
+        if self.status_path is not None and request.path == self.status_path:
+            await self._status(scope, send, request)
+            return
         adm = scope[SCOPE_KEY] = Admission(request)
         extra: list[tuple[bytes, bytes]] = []
         try:
@@ -147,6 +159,21 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send_with_headers)
         finally:
             await self.runner.finish(adm, status)
+
+    async def _status(self, scope: Scope, send: Send, request: RequestInfo) -> None:
+        """Answer the status route (``middleware.status``): GET or HEAD only, never charged."""
+        if request.method not in ("GET", "HEAD"):
+            status, headers, body = status_route.not_allowed()
+        else:
+            try:
+                status, headers, body = await self.runner.status(request)
+            except Exception as exc:  # a bug or a plan source's garbage: 503, logged
+                self.gate.failed_open("ratekeeper", exc, count=False)
+                status, headers, body = status_route.unavailable()
+        start = {"type": "http.response.start", "status": status}
+        await send({**start, "headers": _encode(headers)})
+        body = b"" if request.method == "HEAD" else body
+        await send({"type": "http.response.body", "body": body})
 
     async def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's

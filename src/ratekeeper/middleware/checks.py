@@ -5,8 +5,11 @@ for WSGI, async for ASGI) from them, over one store.
 
 - ``RateCheck``: a request-rate rule — any algorithm, stacked rates, a key function, routes,
   methods and a cost (a number or a function of the request). The rate may be a function of the
-  request too (a customer's plan; ``None``: no limit for this request), and ``charge_when``
-  decides from the response's status whether the request is charged at all. Over: 429.
+  request too (a customer's plan; ``None``: no limit for this request), or ``"plan:<limit>"``:
+  the key's tenant's limit in the middleware's ``quotas`` (the key is then the tenant's, and
+  the limit's name owns the counters). ``charge_when`` decides from the response's status
+  whether the request is charged at all. Over: 429, or ``status=403`` (a plan's limit says its
+  own).
 - ``ConcurrencyCheck``: at most ``capacity`` requests in progress per key. Over: 429.
 - ``FleetCheck``: the fleet-usage shedder; requests of the first priority tier are critical.
   Over the non-critical share: 503.
@@ -82,8 +85,10 @@ class RateCheck:
     """Requests per key under a rate (or stack), e.g. ``RateCheck("api", "10/s; 500/h")``.
 
     ``rate`` may be a function of the request returning the rate, or None for no limit (it is
-    then parsed per request; a bad one fails open and is logged). ``charge_when`` (default: the
-    middleware's) is asked with the response's status; False refunds the charge.
+    then parsed per request; a bad one fails open and is logged), or ``"plan:<limit>"`` (the
+    middleware's ``quotas``; no algorithm or options here: the plan sets them).
+    ``charge_when`` (default: the middleware's) is asked with the response's status; False
+    refunds the charge. ``status`` answers a rejection: 429, or 403 for an exhausted quota.
     """
 
     name: str
@@ -96,12 +101,21 @@ class RateCheck:
     methods: tuple[str, ...] = ()
     cost: int | CostFunc = 1
     charge_when: ChargeWhen | None = None
+    status: int = 429
     where: _Scope = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        if self.status not in (429, 403) or isinstance(self.status, bool):
+            raise ConfigError(f"status={self.status!r} is invalid; expected 429 or 403")
         if callable(self.rate):
             make_policy("1/1ms", self.algorithm, self.burst, self.buckets)  # the options
+        elif isinstance(self.rate, str) and self.rate.startswith("plan:"):
+            if (self.algorithm, self.burst, self.buckets) != ("fixed_window", None, None):
+                raise ConfigError(
+                    f"check {self.name!r} counts {self.rate!r}, a plan's limit: the plan sets "
+                    "its algorithm and options, give none here"
+                )
         else:
             make_policy(self.rate, self.algorithm, self.burst, self.buckets)  # fail at startup
         if self.charge_when is not None and not callable(self.charge_when):
@@ -122,6 +136,12 @@ class RateCheck:
     def rate_of(self, request: RequestInfo) -> RateSpec | None:
         """The rate for this request (None: no limit)."""
         return self.rate(request) if callable(self.rate) else self.rate
+
+    @property
+    def plan_limit(self) -> str:
+        """The plan limit a fixed ``"plan:<limit>"`` rate names, else ``""``."""
+        rate = self.rate
+        return rate[5:] if isinstance(rate, str) and rate.startswith("plan:") else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
@@ -69,7 +69,11 @@ from .responses import (
     decision_headers,
     rate_rejection,
     shed_rejection,
+    wants_problem,
 )
+
+if TYPE_CHECKING:
+    from ..quotas.cache import Quotas
 
 log = logging.getLogger("ratekeeper")
 
@@ -186,6 +190,8 @@ class Gate:
         metrics: Metrics | None = None,
         *,
         asgi: bool = False,
+        quotas: Quotas | None = None,
+        problem_details: bool = False,
     ) -> None:
         if isinstance(checks, CHECK_TYPES):
             checks = [checks]
@@ -217,6 +223,10 @@ class Gate:
         self._shed: dict[int, Rejection] = {}  # built once: a shed costs next to nothing
         self._asgi = asgi  # which default signal a WorkerCheck gets
         self.metrics = metrics
+        self.quotas = quotas
+        """The plans ``"plan:<limit>"`` rates name (the runners' limiters resolve them)."""
+        self.problem_details = bool(problem_details)
+        """Rate rejections as problem details (``quota-exceeded``) even when not asked."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -257,6 +267,13 @@ class Gate:
                         "each check needs its own name"
                     )
             position = len(self.checks)
+            if isinstance(check, RateCheck) and check.plan_limit:
+                if self.quotas is None:
+                    raise ConfigError(
+                        f"check {check.name!r} counts {check.rate!r}, a plan's limit, but the "
+                        "middleware has no plans; give it quotas=Quotas(plans, ...)"
+                    )
+                self.quotas.limit_name(check.rate)  # an unknown limit: refused, named
             if isinstance(check, WorkerCheck):
                 shedder = check.shedder or self._default_shedder(check)
                 self._shedders[position] = shedder
@@ -345,8 +362,8 @@ class Gate:
             if key is None:
                 return False
             adm.key = key
-            key = f"{check.name}:{key}"
             if isinstance(check, ConcurrencyCheck):
+                key = f"{check.name}:{key}"
                 lease = _unwrap((yield Op("acquire", index, key)))
                 return self._keep(adm, index, lease) or concurrency_rejection(
                     check.name, check.capacity
@@ -354,12 +371,19 @@ class Gate:
             rate = check.rate_of(request)
             if rate is None:
                 return False
+            plan = type(rate) is str and rate[:5] == "plan:"  # a plan's limit: the tenant's key
+            if not plan:
+                key = f"{check.name}:{key}"
             op = Op("hit", index, key, check.cost_of(request), rate=rate)
             decision: Decision = _unwrap((yield op))
             if decision.degraded:
                 raise _Degraded
             if not decision.allowed:
-                return rate_rejection(check.name, decision)
+                status = check.status
+                if plan and self.quotas is not None:
+                    status = self.quotas.status_of(key, str(rate)[5:], status)
+                problem = self.problem_details or wants_problem(request.header("accept"))
+                return rate_rejection(check.name, decision, status, problem)
             adm.charged.append(op)
             if mode == "enforce" and (
                 adm.best is None or decision.remaining < adm.best[1].remaining

@@ -10,7 +10,16 @@ Rejection bodies tell the client what happened and what to do::
     {"error": "rate_limited", "limit": 10, "retry_after": 3, "policy": "api",
      "message": "Rate limit 'api' (10/1s) exceeded. Retry after 3 seconds."}
 
-``error`` is ``rate_limited`` (429), ``concurrency_limited`` (429) or ``overloaded`` (503).
+``error`` is ``rate_limited`` (429, or 403 where a check or a plan's limit says so: an
+exhausted quota, still with ``Retry-After`` at the period's end), ``concurrency_limited`` (429)
+or ``overloaded`` (503).
+
+Problem details (RFC 9457) when the middleware is built with ``problem_details=True`` or the
+client's ``Accept`` names ``application/problem+json``: a rate rejection is then the IETF
+ratelimit-headers draft's ``quota-exceeded`` problem type (``application/problem+json``: ``type``,
+``title``, ``status``, ``detail``, and ``violated-policies``, the names of the policies its
+``RateLimit-Policy`` lists that were exceeded), with the fields above kept as extension
+members.
 Every response decided by a rate check carries the deciding ``Decision``'s headers plus
 ``X-RateLimit-Resource`` naming the check.
 
@@ -45,8 +54,18 @@ class Rejection:
 
     @property
     def status_line(self) -> str:
-        """``"429 Too Many Requests"`` or ``"503 Service Unavailable"`` (WSGI)."""
-        return "429 Too Many Requests" if self.status == 429 else "503 Service Unavailable"
+        """``"429 Too Many Requests"``, ``"403 Forbidden"`` or ``"503 Service Unavailable"``
+        (WSGI)."""
+        return STATUS_LINES.get(self.status, f"{self.status} Error")
+
+
+STATUS_LINES = {
+    200: "200 OK",
+    403: "403 Forbidden",
+    405: "405 Method Not Allowed",
+    429: "429 Too Many Requests",
+    503: "503 Service Unavailable",
+}
 
 
 def decision_headers(check: str, decision: Decision) -> Headers:
@@ -58,8 +77,38 @@ def _seconds(value: float) -> int | None:
     return max(1, math.ceil(value - 1e-9)) if math.isfinite(value) else None
 
 
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+"""The problem type of draft-ietf-httpapi-ratelimit-headers-11 for an exceeded quota policy."""
+QUOTA_EXCEEDED_TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
+PROBLEM_JSON = "application/problem+json"
+
+
+def wants_problem(accept: str | None) -> bool:
+    """Whether an ``Accept`` header names ``application/problem+json`` (with q > 0)."""
+    if not accept or "problem+json" not in accept.lower():
+        return False
+    for part in accept.split(","):
+        media, *params = part.split(";")
+        if media.strip().lower() != PROBLEM_JSON:
+            continue
+        for param in params:
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
 def _build(
-    check: str, error: str, status: int, headers: Headers, body: Mapping[str, object]
+    check: str,
+    error: str,
+    status: int,
+    headers: Headers,
+    body: Mapping[str, object],
+    content_type: str = "application/json",
 ) -> Rejection:
     data = json.dumps(body, separators=(",", ":")).encode()
     return Rejection(
@@ -68,15 +117,18 @@ def _build(
         status,
         (
             *headers,
-            ("Content-Type", "application/json"),
+            ("Content-Type", content_type),
             ("Content-Length", str(len(data))),
         ),
         data,
     )
 
 
-def rate_rejection(check: str, decision: Decision) -> Rejection:
-    """429 for a request rate over ``decision.rate``."""
+def rate_rejection(
+    check: str, decision: Decision, status: int = 429, problem: bool = False
+) -> Rejection:
+    """429 (or ``status`` 403) for a request rate over ``decision.rate``; with ``problem``,
+    the draft's ``quota-exceeded`` problem details (module docstring)."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -89,14 +141,25 @@ def rate_rejection(check: str, decision: Decision) -> Rejection:
             f"{decision.remaining} left. {advice}"
         )
     message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
-    body = {
+    body: dict[str, object] = {
         "error": "rate_limited",
         "limit": decision.limit,
         "retry_after": retry,
         "policy": check,
         "message": message,
     }
-    return _build(check, "rate_limited", 429, decision_headers(check, decision), body)
+    headers = decision_headers(check, decision)
+    if not problem:
+        return _build(check, "rate_limited", status, headers, body)
+    body = {
+        "type": QUOTA_EXCEEDED,
+        "title": QUOTA_EXCEEDED_TITLE,
+        "status": status,
+        "detail": message,
+        "violated-policies": [ascii_name(check)],
+        **body,
+    }
+    return _build(check, "rate_limited", status, headers, body, PROBLEM_JSON)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:

@@ -27,10 +27,12 @@ from typing import Any, TypeVar
 from ..admission import AdmissionQueue, AsyncAdmissionQueue
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..errors import StoreUnavailable
 from ..limiter import AsyncLimiter, Limiter, store_name
 from ..metrics.core import Metrics
 from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
+from . import status as status_route
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
 from .gate import Admission, Failure, Gate, Op, run, run_async
 from .request import RequestInfo
@@ -123,7 +125,9 @@ class _Base:
         self.gate = gate
         self.store = store
         metrics = gate.metrics  # the gate counts decisions: the limiter only times store calls
-        self.limiter = limiter_class(store, clock=clock, metrics=metrics, count_decisions=False)
+        self.limiter = limiter_class(
+            store, clock=clock, metrics=metrics, count_decisions=False, quotas=gate.quotas
+        )
         self._rates, self._leases, self._fleets = split_checks(
             gate.checks, store, clock, lease_class, fleet_class, metrics
         )
@@ -163,6 +167,27 @@ class _Base:
 
 class Runner(_Base):
     """Sync: ``Limiter``, ``ConcurrencyLimiter`` and ``FleetUsageShedder`` over ``store``."""
+
+    def status(self, request: RequestInfo) -> status_route.Response:
+        """The status route's answer for ``request`` (``middleware.status``)."""
+        rows: list[dict[str, Any]] = []
+        tenants: dict[str, Any] = {}
+        try:
+            for t in status_route.targets(self.gate, request):
+                if t.limit:
+                    if t.key not in tenants:
+                        tenants[t.key] = self.limiter.status(t.key)
+                    rows += status_route.plan_rows(t, tenants[t.key])
+                else:
+                    c = t.check
+                    d = self.limiter.peek(
+                        t.key, t.rate, algorithm=c.algorithm, burst=c.burst,
+                        buckets=c.buckets, cost=0,
+                    )  # fmt: skip
+                    rows.append(status_route.decision_row(t, d))
+        except StoreUnavailable:
+            return status_route.unavailable()
+        return status_route.render(rows)
 
     def __init__(self, gate: Gate, store: Any, clock: Clock) -> None:
         super().__init__(
@@ -222,6 +247,27 @@ class AsyncRunner(_Base):
     async def execute(self, op: Op) -> Any:
         """Carry out one operation."""
         return await self._dispatch(op)
+
+    async def status(self, request: RequestInfo) -> status_route.Response:
+        """See ``Runner.status``."""
+        rows: list[dict[str, Any]] = []
+        tenants: dict[str, Any] = {}
+        try:
+            for t in status_route.targets(self.gate, request):
+                if t.limit:
+                    if t.key not in tenants:
+                        tenants[t.key] = await self.limiter.status(t.key)
+                    rows += status_route.plan_rows(t, tenants[t.key])
+                else:
+                    c = t.check
+                    d = await self.limiter.peek(
+                        t.key, t.rate, algorithm=c.algorithm, burst=c.burst,
+                        buckets=c.buckets, cost=0,
+                    )  # fmt: skip
+                    rows.append(status_route.decision_row(t, d))
+        except StoreUnavailable:
+            return status_route.unavailable()
+        return status_route.render(rows)
 
     async def admit(
         self, request: RequestInfo, adm: Admission, positions: Sequence[int] | None = None

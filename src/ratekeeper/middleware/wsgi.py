@@ -23,13 +23,16 @@ from typing import Any
 from ..clock import Clock
 from ..limiter import Limiter
 from ..metrics.core import Metrics
+from ..quotas.cache import Quotas
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
+from . import status as status_route
 from .checks import ChargeWhen, Check, Controls
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
-from .request import PriorityFunc, from_environ, trusted_networks
-from .responses import Rejection
+from .request import PriorityFunc, RequestInfo, from_environ, trusted_networks
+from .responses import STATUS_LINES, Rejection
 from .runner import Runner
+from .status import check_status_path
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -90,8 +93,12 @@ class WSGIRateLimitMiddleware:
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
+        quotas: Quotas | None = None,
+        status_path: str | None = None,
+        problem_details: bool = False,
     ) -> None:
         self.app = app
+        self.status_path = check_status_path(status_path)
         self.trusted_proxies = trusted_networks(trusted_proxies)
         self.store: Store = MemoryStore() if store is None else store
         self.gate = Gate(
@@ -104,11 +111,26 @@ class WSGIRateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            quotas=quotas,
+            problem_details=problem_details,
         )
         self.controls = self.gate.controls
         self.gate.store_label = repr(self.store)
         self.runner = Runner(self.gate, self.store, clock)
         self.limiter: Limiter = self.runner.limiter
+
+    def _status(self, start_response: StartResponse, request: RequestInfo) -> list[bytes]:
+        """Answer the status route (``middleware.status``): GET or HEAD only, never charged."""
+        if request.method not in ("GET", "HEAD"):
+            status, headers, body = status_route.not_allowed()
+        else:
+            try:
+                status, headers, body = self.runner.status(request)
+            except Exception as exc:  # a bug or a plan source's garbage: 503, logged
+                self.gate.failed_open("ratekeeper", exc, count=False)
+                status, headers, body = status_route.unavailable()
+        start_response(STATUS_LINES.get(status, f"{status} Error"), list(headers))
+        return [b"" if request.method == "HEAD" else body]
 
     def execute(self, op: Op) -> Any:
         """Run one of the gate's store operations (``ratekeeper simulate`` drives the gate)."""
@@ -117,6 +139,8 @@ class WSGIRateLimitMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         gate = self.gate
         request = from_environ(environ, self.trusted_proxies)
+        if self.status_path is not None and request.path == self.status_path:
+            return self._status(start_response, request)
         adm = environ[SCOPE_KEY] = Admission(request)
         extra: list[tuple[str, str]] = []
         try:

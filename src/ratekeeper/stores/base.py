@@ -14,8 +14,10 @@ ahead (``LocalBudget``'s slices), and sends the others the full way (``spend_one
 None). ``FailLocalStore``: a store that can decide a plan without its backend when that
 cannot be asked (fail-local), instead of the limiter failing open or closed.
 ``Pingable``/``AsyncPingable``: a store that can be checked at startup (every built-in store;
-``Limiter.check`` uses it). Stores wrap their driver's errors in ``StoreUnavailable``
-(``raise ... from exc``).
+``Limiter.check`` uses it). ``AdminStore``/``AsyncAdminStore``: an admin's reset, credit or
+debit with the state before and after, in one atomic step; ``ManyStore``/``AsyncManyStore``:
+several plans in one round trip (``status``'s peeks). Every built-in store has all four.
+Stores wrap their driver's errors in ``StoreUnavailable`` (``raise ... from exc``).
 """
 
 from __future__ import annotations
@@ -126,4 +128,44 @@ class AsyncPingable(Protocol):
 
     async def ping_async(self) -> None:
         """See ``Pingable.ping``."""
+        ...
+
+
+Outcomes = tuple[Outcome, ...]
+
+
+@runtime_checkable
+class AdminStore(Protocol):
+    """Applies an admin's change atomically and tells the state before and after."""
+
+    def administer(self, plan: Plan) -> tuple[Outcomes, Outcomes]:
+        """Run a ``reset``, ``credit`` or ``debit`` plan; the outcomes of a peek of nothing
+        (cost 0) before and after it, read in the same atomic step."""
+        ...
+
+
+@runtime_checkable
+class AsyncAdminStore(Protocol):
+    """``AdminStore`` on an event loop."""
+
+    async def administer_async(self, plan: Plan) -> tuple[Outcomes, Outcomes]:
+        """See ``AdminStore.administer``."""
+        ...
+
+
+@runtime_checkable
+class ManyStore(Protocol):
+    """Runs several plans at once (one round trip where they share a server)."""
+
+    def execute_many(self, plans: list[Plan]) -> list[Outcomes]:
+        """Each plan's outcomes, in order."""
+        ...
+
+
+@runtime_checkable
+class AsyncManyStore(Protocol):
+    """``ManyStore`` on an event loop."""
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[Outcomes]:
+        """See ``ManyStore.execute_many``."""
         ...

@@ -81,9 +81,9 @@ def seed(name: str, local: Limit, now: int, remaining: int, reset_ms: int, live:
         share = local.capacity
     if name == "fixed_window":
         return (local.count - share, reset_ms) if reset_ms > now else None
-    if name == "token_bucket":
-        return (share * local.period_ms, now)
-    return now * 1000 + (local.capacity - share) * local.unit  # gcra's arrival time
+    if name == "token_bucket":  # what the bucket lacks
+        return ((local.capacity - share) * local.period_ms, now)
+    return (now * 1000 + (local.capacity - share) * local.unit, local.count)  # gcra's (tat, count)
 
 
 class FailLocal:

@@ -291,6 +291,7 @@ class LocalBudget:
         ok = (
             chosen
             and len(policy.limits) == 1
+            and first.rate.calendar is None
             and policy.algorithm.NAME in SLICED
             and not first.flags & COUNT_REJECTED
         )

@@ -3,9 +3,12 @@
 Thread-safe (one lock around each plan) and asyncio-safe (no await inside a plan), so a stack is
 all-or-nothing here exactly as in a Redis script. Memory stays bounded:
 
-- an entry whose state has stopped mattering (``expires_ms`` passed) is dropped when next
-  touched, and ``sweep()`` (also run on a few entries every ``sweep_every`` keys added) drops
-  the rest (only added keys grow the store, so a write to a live key skips the bookkeeping);
+- an entry whose state has stopped mattering (``expires_ms`` passed) is replaced when next
+  written, and ``sweep()`` (also run on a few entries every ``sweep_every`` keys added) drops
+  the rest (only added keys grow the store, so a write to a live key skips the bookkeeping).
+  A stale state is still given to the algorithm when read, as a Redis key is until its TTL:
+  under the rate it was written for it decides like no state at all, and under a lowered
+  rate (a plan changed) it is what is left of the usage;
 - leases (the ``LeaseStore`` capability of ``leases``) live in a ``MemoryLeases`` the store
   delegates to, bounded the same way: a key's lease table is dropped when its last lease goes,
   leases that expired unreleased are swept a few keys at a time as keys are added (and all at
@@ -28,7 +31,7 @@ from typing import Any, TypeVar
 
 from ..algorithms import Algorithm, Limit, Outcome
 from ..algorithms.base import COUNT_REJECTED
-from ..plan import Plan, run_stack
+from ..plan import Plan, administer, run_stack
 from .leases import MemoryLeases
 
 _Entry = tuple[int, Any]  # (expires_ms, state)
@@ -84,13 +87,9 @@ class MemoryStore:
         lock.acquire()  # not ``with``: acquire/try/finally measured ~90 ns cheaper per call
         try:
             entry = data.get(k)
-            state = None
-            if entry is not None:
-                if entry[0] <= now:  # stale: it no longer matters
-                    del data[k]
-                    entry = None
-                else:
-                    state = entry[1]
+            # a stale state (its expiry passed) decides like none under the rate it was written
+            # for, and as what is left of it under a changed one (a lowered limit)
+            state = None if entry is None else entry[1]
             outcome, new = algorithm.step(state, limit, now, cost, True)
             # _write, inlined (the hot path); a count_rejected rejection is charged too
             if outcome[0] or limit.flags & COUNT_REJECTED:
@@ -100,6 +99,10 @@ class MemoryStore:
                 else:
                     data.move_to_end(k)  # the order is least recently used first
             elif entry is not None:  # a rejection is a use too: move the live entry to the end
+                if new is not state:  # restated under a changed rate (gcra): keep that
+                    data[k] = (outcome[2], new)
+                elif outcome[2] > entry[0]:  # a limit lowered since: the state matters longer
+                    data[k] = (outcome[2], entry[1])
                 data.move_to_end(k)
         finally:
             lock.release()
@@ -117,11 +120,8 @@ class MemoryStore:
                     data.pop(k, None)
                 return ()
             states = []
-            for k in keys:
+            for k in keys:  # stale states too: see hit_one
                 entry = data.get(k)
-                if entry is not None and entry[0] <= now:
-                    del data[k]
-                    entry = None
                 states.append(None if entry is None else entry[1])
             algorithm = policy.algorithm
             if plan.op == "refund":
@@ -133,15 +133,57 @@ class MemoryStore:
                     else:  # nothing left that matters (e.g. an empty log): keep no entry
                         data.pop(k, None)
                 return ()
-            outcomes, new_states = run_stack(policy, states, now, plan.cost, plan.op == "hit")
+            restated: list[tuple[int, Any]] = []
+            hit = plan.op == "hit"
+            outcomes, new_states = run_stack(
+                policy, states, now, plan.cost, hit, restated if hit else None
+            )
             if new_states is not None:
                 for k, new, limit in zip(keys, new_states, policy.limits, strict=True):
                     self._write(k, algorithm.expires_ms(new, limit), new, now)
             else:  # a rejection or a peek is a use too: a key that keeps knocking stays cached
-                for k in keys:
-                    if k in data:
+                for i, new in restated:  # a state restated under a changed rate (gcra)
+                    self._write(keys[i], outcomes[i][2], new, now)
+                for k, outcome in zip(keys, outcomes, strict=True):
+                    entry = data.get(k)
+                    if entry is not None:
+                        if hit and outcome[2] > entry[0]:  # a lowered limit: it matters longer
+                            data[k] = (outcome[2], entry[1])
                         data.move_to_end(k)
             return tuple(outcomes)
+
+    def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's reset, credit or debit (``plan.op``) under the lock: the outcomes of a
+        peek of nothing before and after (``AdminStore``)."""
+        policy = plan.policy
+        now = plan.now_ms
+        keys = [(slot, plan.key) for slot in policy.slots]
+        with self._lock:
+            data = self._data
+            states = []
+            for k in keys:  # stale states too: see hit_one
+                entry = data.get(k)
+                states.append(None if entry is None else entry[1])
+            before, new, after = administer(policy, states, now, plan.op, plan.cost)
+            for k, state, limit in zip(keys, new, policy.limits, strict=True):
+                expires = 0 if state is None else policy.algorithm.expires_ms(state, limit)
+                if expires > now:
+                    self._write(k, expires, state, now)
+                else:
+                    data.pop(k, None)
+        return tuple(before), tuple(after)
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """The same as ``administer``: nothing in it blocks."""
+        return self.administer(plan)
+
+    def execute_many(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """Several plans, one after the other (``ManyStore``: ``status``'s peeks)."""
+        return [self.execute(plan) for plan in plans]
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """The same as ``execute_many``."""
+        return self.execute_many(plans)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``: nothing in it blocks."""

@@ -231,6 +231,41 @@ class RolloutStore:
             self._compare(plan, answer, measured)
         return answer
 
+    def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's change on the store that answers the key (a reset on both, as
+        ``reset``); the answer is that store's (``AdminStore``)."""
+        store, compare = self._route(plan.key)
+        self._need("sync")
+        other = self.new if store is self.old else self.old
+        if plan.op == "reset" or compare:
+            try:
+                other.administer(plan)
+            except Exception as exc:
+                self._new_failed(exc)
+        result: tuple[tuple[Outcome, ...], tuple[Outcome, ...]] = store.administer(plan)
+        return result
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """The same as ``administer`` on the stores' async paths."""
+        store, compare = self._route(plan.key)
+        self._need("async")
+        other = self.new if store is self.old else self.old
+        if plan.op == "reset" or compare:
+            try:
+                await other.administer_async(plan)
+            except Exception as exc:
+                self._new_failed(exc)
+        result: tuple[tuple[Outcome, ...], tuple[Outcome, ...]] = await store.administer_async(plan)
+        return result
+
+    def execute_many(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """Several plans, each on the store that answers its key (``ManyStore``)."""
+        return [self.execute(plan) for plan in plans]
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """The same as ``execute_many``, asked at once."""
+        return list(await asyncio.gather(*(self.execute_async(plan) for plan in plans)))
+
     def _reset(self, plan: Plan) -> tuple[Outcome, ...]:
         """A reset goes to both stores: a key moved back must not find its old count."""
         store, _ = self._route(plan.key)

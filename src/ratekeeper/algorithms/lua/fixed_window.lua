@@ -3,23 +3,28 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save/add (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
 --          then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
 --          now - now % period), 2 count_rejected (a rejected hit is charged too; the stack's
---          rates share the options, so ARGV[6] tells for all).
+--          rates share these two, so ARGV[6] tells for all), 4 calendar: the rate counts
+--          calendar periods and period_ms is the end of the period holding now_ms, computed by
+--          the caller (ratekeeper.calendar), which a window opened now stores.
 -- Value    one decimal: "<count><end_ms as 13 digits>" (count left out when 0), which Redis
 --          stores as an integer when it fits in 64 bits; "<count>:<end_ms>" when end_ms is
---          outside 0..10**13-1. Times are epoch ms from the caller's clock (never Redis TIME).
+--          outside 0..10**13-1 or the count is below zero (an admin's credit: a top-up).
+--          Times are epoch ms from the caller's clock (never Redis TIME).
 -- Expiry   a window ends by its stored end, never by TTL; opening a window (save) asks for a
 --          relative TTL of end_ms - now_ms + 1000 so idle keys vanish; later hits in it add
 --          cost x 10**13 in place, which keeps both the integer encoding and that TTL; a refund
 --          saves the value again.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit takes cost off the count (below zero: the window holds more than its limit),
+--          debit adds it whatever the limit; both open a window if none is live.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local flags = tonumber(ARGV[6])
-local aligned, count_rejected = flags % 2 == 1, flags >= 2
+local count_rejected = math.floor(flags / 2) % 2 == 1
 local MAX_COUNT = 1e15 -- a count_rejected counter stops growing here (fixed_window.MAX_COUNT)
 
 -- "<count><13-digit end>" as a number below 10**15 (< 2**53, exact) -> count, end: the
@@ -38,7 +43,7 @@ end
 -- Fast path, the common case: one rate, a hit in a live window whose value is the integer
 -- "<count><13-digit end>" (a count below 922336). Same decision as the general code below,
 -- without creating its tables and closures (Redis CPU per decision matters most here).
-if op == 'hit' and #KEYS == 1 then
+if op == 'hit' and N == 1 then
   local raw = load(1)
   local n = raw and #raw or 0
   local used, ends
@@ -97,7 +102,7 @@ stale = function(i, raw)
 end
 
 local function encode(used, ends)
-  if ends >= 0 and ends < 1e13 then
+  if ends >= 0 and ends < 1e13 and used >= 0 then
     if used == 0 then
       return string.format('%013d', ends)
     end
@@ -117,25 +122,46 @@ local function change(i, raw, used, delta, ends)
   if delta == 0 then -- a count_rejected counter at MAX_COUNT: nothing to write
     return
   end
-  if n > 13 and used + delta < 922336 and (n <= 15 or not string.find(raw, ':', 1, true)) then
+  if n > 13 and used >= 0 and used + delta >= 0 and used + delta < 922336
+      and (n <= 15 or not string.find(raw, ':', 1, true)) then
     writes[i] = {'add', delta .. '0000000000000'}
   else
     writes[i] = {'save', encode(used + delta, ends), ttl(ends)}
   end
 end
 
-for i = 1, #KEYS do
+-- the end of a window opened now for rate i: the calendar period's (ARGV), or a period on
+local function opened(i, period)
+  local bits = tonumber(ARGV[3 * i + 3])
+  if bits >= 4 then
+    return period
+  end
+  return ((bits % 2 == 1) and (now - now % period) or now) + period
+end
+
+for i = 1, N do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local raw = load(i)
   local used, ends = decode(raw)
   if op == 'refund' then
-    if used and ends > now then
+    if used and ends > now and used > 0 then -- never below zero (a credit's count stays)
       writes[i] = {'save', encode(used - math.min(cost, used), ends), ttl(ends)}
     end
+  elseif op == 'credit' or op == 'debit' then
+    if not (used and ends > now) then
+      used, ends = 0, opened(i, period)
+    end
+    local after
+    if op == 'debit' then
+      after = math.min(used + cost, MAX_COUNT)
+    else
+      after = math.max(used - cost, -MAX_COUNT)
+    end
+    writes[i] = {'save', encode(after, ends), ttl(ends)}
   else
     local live = used and ends > now
     if not live then
-      used, ends = 0, (aligned and (now - now % period) or now) + period
+      used, ends = 0, opened(i, period)
     end
     local allowed = used + cost <= count
     local left = math.max(0, count - used) -- what a rejection reports: what it found
@@ -161,8 +187,9 @@ for i = 1, #KEYS do
   end
 end
 
-if op == 'refund' or (op == 'hit' and (all_allowed or count_rejected)) then
-  for i = 1, #KEYS do
+if op == 'refund' or op == 'credit' or op == 'debit'
+    or (op == 'hit' and (all_allowed or count_rejected)) then
+  for i = 1, N do
     local w = writes[i]
     if w then
       if w[1] == 'add' then

@@ -1,46 +1,102 @@
 -- gcra: the Lua twin of algorithms/gcra.py (same integer arithmetic).
 --
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
---          written only through the layout's load/save (layout_keys.lua, or
+--          written only through the layout's load/save/keep (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (how many may pass at one instant).
--- Value    tat_us, the theoretical arrival time in epoch microseconds, as a decimal integer
---          (Redis stores it as an integer). T = ceil(period_ms * 1000 / count) us per unit.
+-- State    (tat_us, count): the theoretical arrival time in epoch microseconds and the rate's
+--          count it was written under. T = ceil(period_ms * 1000 / count) us per unit; a tat
+--          written under another count is read as the same units used (convert).
+-- Value    "<count><tat_us as 16 digits>", an integer to Redis, when count < 922 and tat_us
+--          is from 0 to 10**16 - 1 (until 2286); else "<tat_us>:<count>".
 -- Expiry   the state means nothing once now passes tat; every save asks for a relative TTL of
---          ceil(tat_us / 1000) - now_ms + 1000.
+--          ceil(tat_us / 1000) - now_ms + 1000. A hit rejected under another count than the
+--          state's saves the state restated under its own (as gcra.step returns it), so it
+--          drains at the new pace from then on.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit is refund; debit moves tat cost*T on, to at most 2 capacities past empty
+--          (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
 --          idiv corrects the rounding of a / b so floor division is exact too.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now_us = now * 1000
+local DEBT = 2
 
 -- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
--- a theoretical arrival time not after now is the same as none (the compact layout sweeps it)
-stale = function(i, raw)
-  local tat = tonumber(raw)
-  return not tat or tat <= now_us
+local function decode(raw)
+  if not raw then
+    return nil, nil
+  end
+  local sep = string.find(raw, ':', 1, true)
+  if sep then
+    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+  end
+  local n = #raw
+  if n <= 16 then -- a tat alone: no count to convert from
+    return tonumber(raw), nil
+  end
+  return tonumber(string.sub(raw, n - 15)), tonumber(string.sub(raw, 1, n - 16))
 end
 
-local reply, writes, all_allowed = {}, {}, true
-for i = 1, #KEYS do
+local function encode(tat, count)
+  if count < 922 and tat >= 0 and tat < 1e16 then
+    return string.format('%d%016d', count, tat)
+  end
+  return string.format('%d:%d', tat, count)
+end
+
+-- a tat written under rate count `was`, read under T us per unit: the same units used (the
+-- remainder's share in doubles, rounded down, as gcra.convert computes it)
+local function convert(tat, was, t, period)
+  local debt = tat - now_us
+  if debt <= 0 or was < 1 then
+    return now_us
+  end
+  local old = ceil_div(period * 1000, was)
+  local q = idiv(debt, old)
+  local r = debt - q * old
+  return now_us + q * t + math.floor(r * t / old)
+end
+
+-- a theoretical arrival time not after now is the same as none (the compact layout sweeps it)
+stale = function(i, raw)
+  local tat, was = decode(raw)
+  if not tat then
+    return true
+  end
+  local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  if was and was ~= count then
+    tat = convert(tat, was, ceil_div(period * 1000, count), period)
+  end
+  return tat <= now_us
+end
+
+local reply, writes, keeps, all_allowed = {}, {}, {}, true
+for i = 1, N do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
   local t = ceil_div(period * 1000, count)
-  local stored = tonumber(load(i))
-  if op == 'refund' then
+  local stored, was = decode(load(i))
+  if stored and was and was ~= count then
+    stored = convert(stored, was, t, period)
+    keeps[i] = stored
+  end
+  local tat = now_us
+  if stored and stored >= now_us then
+    tat = stored
+  end
+  if op == 'refund' or op == 'credit' then
     if stored then
-      writes[i] = math.max(now_us, stored - cost * t)
+      writes[i] = math.max(now_us, tat - cost * t)
     end
+  elseif op == 'debit' then
+    writes[i] = math.min(tat + cost * t, now_us + (DEBT + 1) * burst * t)
   else
     local tau = burst * t
-    local tat = now_us
-    if stored and stored >= now_us then
-      tat = stored
-    end
     local new_tat = tat + cost * t
     local allowed = cost <= burst and new_tat - now_us <= tau
     if allowed and op == 'hit' then
@@ -64,12 +120,22 @@ for i = 1, #KEYS do
   end
 end
 
-if op == 'refund' or (op == 'hit' and all_allowed) then
-  for i = 1, #KEYS do
+local function ttl(tat)
+  return string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000))
+end
+
+if op == 'hit' and all_allowed or op == 'refund' or op == 'credit' or op == 'debit' then
+  for i = 1, N do
     local tat = writes[i]
     if tat then
-      save(i, string.format('%d', tat),
-        string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000)))
+      save(i, encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
+    end
+  end
+elseif op == 'hit' then -- rejected: a state written under another count is restated
+  for i = 1, N do
+    local tat = keeps[i]
+    if tat and tat > now_us then
+      save(i, encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
     end
   end
 end

@@ -7,16 +7,44 @@
 --                         state has stopped mattering (stale); a hash TTL below ttl is raised
 --                         to ttl + max(ttl, 60 s), so it is rarely rewritten
 --   add(i, delta)         HINCRBY in place
+--   keep(i, ttl)          raise the hash's TTL to cover ttl as save does, without a write
+--   drop(i)               HDEL of the caller's field (an admin's reset)
 --   stale(i, raw)         set by the algorithm: true when a stored value no longer matters at
 --                         now for rate i (it decides exactly like a missing one)
 -- Expiry stays the app's: every state carries its own end, compared with now by the algorithm.
 -- The hash TTL only removes a hash no caller has written for longer than its longest state.
+-- With LEGACY (stack.lua), load reads a field missing from its hash from the 0.1 hash of the
+-- same bucket (KEYS[N + i]), converted by adopt, and (outside a peek) writes it, as
+-- layout_keys.lua does.
 
 local FIELD = ARGV[#ARGV]
-local stale
+local stale, adopt, keep
 
 local function load(i)
-  return redis.call('HGET', KEYS[i], FIELD)
+  local raw = redis.call('HGET', KEYS[i], FIELD)
+  if raw or not LEGACY then
+    return raw
+  end
+  local old = KEYS[N + i]
+  raw = redis.call('HGET', old, FIELD)
+  if raw then
+    if adopt then
+      raw = adopt(i, raw)
+    end
+    if ARGV[1] ~= 'peek' then
+      redis.call('HSET', KEYS[i], FIELD, raw)
+      keep(i, string.format('%d', math.max(1000, redis.call('PTTL', old))))
+    end
+  end
+  return raw
+end
+
+keep = function(i, ttl)
+  local key = KEYS[i]
+  ttl = tonumber(ttl)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, string.format('%d', ttl + math.max(ttl, 60000)))
+  end
 end
 
 local function save(i, value, ttl)
@@ -29,9 +57,13 @@ local function save(i, value, ttl)
       end
     end
   end
-  ttl = tonumber(ttl)
-  if redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, string.format('%d', ttl + math.max(ttl, 60000)))
+  keep(i, ttl)
+end
+
+local function drop(i)
+  redis.call('HDEL', KEYS[i], FIELD)
+  if LEGACY then
+    redis.call('HDEL', KEYS[N + i], FIELD)
   end
 end
 

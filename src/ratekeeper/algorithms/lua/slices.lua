@@ -10,8 +10,10 @@
 --          share (0: a peek, grants nothing), debt, settles ("<slice id>:<units spent>,..."
 --          or ""), slice_id (of the new slice; hex), epoch_ms (see slices.Ask).
 -- Values   the algorithms' own encodings: fixed_window "<count><end_ms, 13 digits>" (or
---          "<count>:<end_ms>"); token_bucket "<scaled/g><updated_ms - 1.7e12, 12 digits>" (or
---          "<scaled/g>:<updated_ms>"); gcra tat_us.
+--          "<count>:<end_ms>", and so when the count is below zero); token_bucket
+--          "<debt><updated_ms - 1.7e12, 12 digits>" (or "<debt>:<updated_ms>"); gcra
+--          "<count><tat_us, 16 digits>" (or "<tat_us>:<count>"; a tat of another count is
+--          converted as gcra.lua does). A debt past a lowered capacity leaves nothing available.
 -- Expiry   both keys get a relative TTL of expires - now_ms + 1000 (at least 1000), where
 --          expires is slices.expires_ms: the algorithm's, or later while a reservation still
 --          shapes the bucket. An empty reservation is deleted. Nothing is written when the
@@ -124,7 +126,7 @@ local function window_decode(raw)
 end
 
 local function window_encode(used, ends)
-  if ends >= 0 and ends < 1e13 then
+  if ends >= 0 and ends < 1e13 and used >= 0 then
     if used == 0 then
       return string.format('%013d', ends)
     end
@@ -133,40 +135,56 @@ local function window_encode(used, ends)
   return string.format('%d:%d', used, ends)
 end
 
-local function gcd(a, b)
-  while b > 0 do
-    a, b = b, a - idiv(a, b) * b
-  end
-  return a
-end
-
 local EPOCH = 1700000000000
 
-local function bucket_decode(raw, g)
+-- token_bucket.lua's encoding: the debt (missing tokens x period_ms) and when it was counted
+local function bucket_decode(raw)
   if not raw then
     return nil, nil
   end
   local sep = string.find(raw, ':', 1, true)
   if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)) * g, tonumber(string.sub(raw, sep + 1))
+    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
   end
   local n = #raw
   if n <= 12 then
     return 0, tonumber(raw) + EPOCH
   end
-  return tonumber(string.sub(raw, 1, n - 12)) * g, tonumber(string.sub(raw, n - 11)) + EPOCH
+  return tonumber(string.sub(raw, 1, n - 12)), tonumber(string.sub(raw, n - 11)) + EPOCH
 end
 
-local function bucket_encode(scaled, time_ms, g)
-  local high = idiv(scaled, g)
+local function bucket_encode(debt, time_ms)
   local since = time_ms - EPOCH
   if since >= 0 and since < 1e12 then
-    if high == 0 then
+    if debt == 0 then
       return string.format('%012d', since)
     end
-    return string.format('%d%012d', high, since)
+    return string.format('%d%012d', debt, since)
   end
-  return string.format('%d:%d', high, time_ms)
+  return string.format('%d:%d', debt, time_ms)
+end
+
+-- gcra.lua's encoding: the arrival time and the count it was written under
+local function gcra_decode(raw)
+  if not raw then
+    return nil, nil
+  end
+  local sep = string.find(raw, ':', 1, true)
+  if sep then
+    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+  end
+  local n = #raw
+  if n <= 16 then
+    return tonumber(raw), nil
+  end
+  return tonumber(string.sub(raw, n - 15)), tonumber(string.sub(raw, 1, n - 16))
+end
+
+local function gcra_encode(tat, was)
+  if was < 922 and tat >= 0 and tat < 1e16 then
+    return string.format('%d%016d', was, tat)
+  end
+  return string.format('%d:%d', tat, was)
 end
 
 local ps = load_pairs()
@@ -200,10 +218,12 @@ if name == 'fixed_window' then
 elseif name == 'token_bucket' then
   local burst = extra
   local full = burst * period
-  local g = gcd(count, period)
-  local scaled, updated = bucket_decode(redis.call('GET', KEYS[1]), g)
-  if not scaled then
-    scaled, updated = full, now
+  local owed, updated = bucket_decode(redis.call('GET', KEYS[1]))
+  local scaled = full
+  if owed then
+    scaled = full - owed
+  else
+    updated = now
   end
   local held = total(ps)
   if now > updated then -- refill phase by phase: each lapsed reservation lifts the cap
@@ -232,7 +252,7 @@ elseif name == 'token_bucket' then
       scaled = new
     end
   end
-  local available = idiv(scaled, period)
+  local available = math.max(0, idiv(scaled, period)) -- a lowered capacity: the debt drains
   charged = math.min(debt, available)
   scaled = scaled - charged * period
   local short = need > available - charged
@@ -246,18 +266,28 @@ elseif name == 'token_bucket' then
   if short then
     retry = (need > burst) and -1 or (since - now + ceil_div(need * period - scaled, count))
   end
-  remaining = idiv(scaled, period)
+  remaining = math.max(0, idiv(scaled, period))
   keep = updated + ceil_div(full - scaled, count)
   if #ps > 0 then
     keep = math.max(keep, ps[#ps][1] + ceil_div(full, count)) -- ps is by expiry
   end
-  value = bucket_encode(scaled, updated, g)
+  value = bucket_encode(full - scaled, updated)
 elseif name == 'gcra' then
   local burst = extra
   local t = ceil_div(period * 1000, count)
   local tau = burst * t
   local now_us = now * 1000
-  local tat = tonumber(redis.call('GET', KEYS[1]))
+  local tat, was = gcra_decode(redis.call('GET', KEYS[1]))
+  if tat and was and was ~= count then -- written under another count: the same units used
+    local debt_us = tat - now_us
+    if debt_us <= 0 or was < 1 then
+      tat = now_us
+    else
+      local old = ceil_div(period * 1000, was)
+      local q = idiv(debt_us, old)
+      tat = now_us + q * t + math.floor((debt_us - q * old) * t / old)
+    end
+  end
   if not tat or tat < now_us then
     tat = now_us
   end
@@ -296,7 +326,7 @@ elseif name == 'gcra' then
   if #ps > 0 then
     keep = math.max(keep, ps[#ps][1] + ceil_div(tau, 1000))
   end
-  value = fmt(tat)
+  value = gcra_encode(tat, count)
 else
   return redis.error_reply('slices.lua: algorithm ' .. tostring(name) .. ' cannot be sliced')
 end

@@ -1,7 +1,8 @@
 -- sliding_log: the Lua twin of algorithms/sliding_log.py (the exact sliding window).
 --
--- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag.
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag (with LEGACY,
+--          KEYS[N + i] its 0.1 name: a list found only there is copied over, stack.lua).
+-- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
 --          then per rate i: count, period_ms, extra (unused: 0).
 -- Value    a Redis list of admission times in epoch ms, oldest first, one element per admitted
 --          unit (cost n = n equal elements); Redis packs them as integers (~10 bytes each).
@@ -10,7 +11,9 @@
 -- Expiry   the newest element leaves the window at last + period_ms; every write sets a
 --          relative PEXPIRE of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit is refund; debit logs cost units at now whatever the window holds, up to 3
+--          times the count (algorithms/base.DEBT).
 -- Cost     O(log n) LINDEX probes to find the expired head, O(cost) to append.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -76,15 +79,24 @@ local function expire(key, period)
   end
 end
 
-local reply, all_allowed, old = {}, true, {}
-for i = 1, #KEYS do
+local reply, all_allowed, old, room = {}, true, {}, {}
+for i = 1, N do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local key = KEYS[i]
+  if LEGACY and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[N + i]) == 1 then
+    if op == 'peek' then -- read-only: read the 0.1 list where it is
+      key = KEYS[N + i]
+    else -- carry the 0.1 list over (COPY keeps its TTL); the old key stays until its TTL
+      redis.call('COPY', KEYS[N + i], key)
+    end
+  end
   local len = redis.call('LLEN', key)
   local gone = expired(key, len, now - period)
   local live = len - gone
   old[i] = gone
-  if op ~= 'refund' then
+  if op == 'debit' then
+    room[i] = math.max(0, math.min(cost, 3 * count - live))
+  elseif op ~= 'refund' and op ~= 'credit' then
     local allowed = live + cost <= count
     local retry = 0
     if not allowed then
@@ -118,12 +130,17 @@ end
 if op == 'peek' then
   return reply
 end
-for i = 1, #KEYS do
+for i = 1, N do
   local key, period = KEYS[i], tonumber(ARGV[3 * i + 2])
   if old[i] > 0 then
     redis.call('LTRIM', key, old[i], -1)
   end
-  if op == 'refund' then
+  if op == 'debit' then
+    if room[i] > 0 then
+      add(key, room[i])
+      expire(key, period)
+    end
+  elseif op == 'refund' or op == 'credit' then
     local len = redis.call('LLEN', key)
     if len > 0 then
       redis.call('RPOP', key, math.min(cost, len))

@@ -3,7 +3,7 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
 --          then per rate i: count, period_ms, buckets (sub-intervals per period).
 -- State    (index of the newest bucket, counts newest first), index = floor(t * buckets /
 --          period_ms) on the epoch-aligned grid; trailing zero counts are left out.
@@ -11,7 +11,9 @@
 -- Expiry   the newest bucket leaves the estimate at ceil((index + buckets + 1) * period_ms /
 --          buckets); every save asks for a relative TTL of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit is refund; debit adds cost to the newest bucket whatever the estimate, up to
+--          3 times the count in all buckets (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
 --          idiv corrects the rounding of a / b so floor division is exact too.
 -- counts[j + 1] here is counts[j] in the Python twin.
@@ -104,11 +106,16 @@ local function admit_at(counts, cur, n, p, count)
 end
 
 local reply, writes, all_allowed = {}, {}, true
-for i = 1, #KEYS do
+for i = 1, N do
   local count, p, n = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
   local raw = load(i)
-  if op == 'refund' then
+  if op == 'debit' then
+    local cur, _, counts = align(raw, n, p)
+    local room = 3 * count - sum(counts, 1, n + 1)
+    counts[1] = counts[1] + math.max(0, math.min(cost, room))
+    writes[i] = {cur, counts}
+  elseif op == 'refund' or op == 'credit' then
     if raw then
       local cur, _, counts = align(raw, n, p)
       local left = cost
@@ -148,8 +155,8 @@ for i = 1, #KEYS do
   end
 end
 
-if op == 'refund' or (op == 'hit' and all_allowed) then
-  for i = 1, #KEYS do
+if op == 'refund' or op == 'credit' or op == 'debit' or (op == 'hit' and all_allowed) then
+  for i = 1, N do
     local w = writes[i]
     if w then
       local p, n = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])

@@ -1,35 +1,33 @@
 -- token_bucket: the Lua twin of algorithms/token_bucket.py (same integer arithmetic).
 --
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
---          written only through the layout's load/save (layout_keys.lua, or
+--          written only through the layout's load/save/keep (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund"), now_ms, cost,
+-- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
 --          then per rate i: count, period_ms, burst (the bucket's capacity).
--- State    (scaled, updated_ms): tokens x period_ms, and when they were counted. scaled is
---          always a multiple of g = gcd(count, period_ms), so scaled / g is stored.
--- Value    one decimal "<scaled/g><updated_ms - 1.7e12 as 12 digits>" (an integer to Redis when
---          scaled/g < 9,223,372); "<scaled/g>:<updated_ms>" when updated_ms is before
---          2023-11-14 or after 2055 (epoch 1.7e12 + 10**12 ms).
--- Expiry   a bucket is full again at updated_ms + ceil((burst*period_ms - scaled) / count); every
---          save asks for a relative TTL of that - now_ms + 1000 (a missing key = a full bucket).
+-- State    (debt, updated_ms): the missing tokens x period_ms, and when they were counted. It
+--          holds no count: a rate raised or lowered reads the same debt (a missing key is a
+--          full bucket).
+-- Value    one decimal "<debt><updated_ms - 1.7e12 as 12 digits>" (an integer to Redis when
+--          debt < 9,223,372); "<debt>:<updated_ms>" when updated_ms is before 2023-11-14 or
+--          after 2055 (epoch 1.7e12 + 10**12 ms).
+-- Expiry   a bucket is full again at updated_ms + ceil(debt / count); every save asks for a
+--          relative TTL of that - now_ms + 1000, and a rejection keeps the state at least
+--          that long (a lowered count drains the debt more slowly than it was written for).
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund: an empty array. peek never writes (it runs as EVALSHA_RO).
+--          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+-- Admin    credit is refund; debit takes cost tokens whatever the bucket holds, down to
+--          2 capacities past empty (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
 --          idiv corrects the rounding of a / b so floor division is exact too.
 
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local DEBT = 2
 
 -- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
 
-local function gcd(a, b)
-  while b > 0 do
-    a, b = b, a - idiv(a, b) * b
-  end
-  return a
-end
-
 -- times are stored as ms since EPOCH in 12 digits (until 2055), leaving 7 digits of a 64-bit
--- integer for scaled / g: 10/hour, 100/minute or 1000/hour buckets stay integers to Redis
+-- integer for the debt: a bucket one request short of 10/hour or 1000/minute stays an integer
 local EPOCH = 1700000000000
 
 local function decode(raw)
@@ -47,65 +45,80 @@ local function decode(raw)
   return tonumber(string.sub(raw, 1, n - 12)), tonumber(string.sub(raw, n - 11)) + EPOCH
 end
 
-local function encode(high, time_ms)
+local function encode(debt, time_ms)
   local since = time_ms - EPOCH
   if since >= 0 and since < 1e12 then
-    if high == 0 then
+    if debt == 0 then
       return string.format('%012d', since)
     end
-    return string.format('%d%012d', high, since)
+    return string.format('%d%012d', debt, since)
   end
-  return string.format('%d:%d', high, time_ms)
+  return string.format('%d:%d', debt, time_ms)
+end
+
+-- a 0.1 value (layout LEGACY): "<tokens x period / gcd(count, period)><since>", the tokens the
+-- bucket held; the debt is what a bucket of this burst lacks
+adopt = function(i, raw)
+  local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+    tonumber(ARGV[3 * i + 3])
+  local a, b = count, period
+  while b > 0 do
+    a, b = b, a - idiv(a, b) * b
+  end
+  local high, updated = decode(raw)
+  return encode(math.max(0, burst * period - high * a), updated)
 end
 
 -- a bucket that is full again is the same as none (the compact layout sweeps such fields)
 stale = function(i, raw)
-  local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
-    tonumber(ARGV[3 * i + 3])
-  local high, updated = decode(raw)
-  if not high then
+  local count = tonumber(ARGV[3 * i + 1])
+  local debt, updated = decode(raw)
+  if not debt then
     return true
   end
-  return updated + ceil_div(burst * period - high * gcd(count, period), count) <= now
+  return updated + ceil_div(debt, count) <= now
 end
 
--- the bucket refilled to now: (scaled, updated); a clock behind the writer's changes nothing
-local function level(scaled, updated, full, count)
-  if not scaled then
-    return full, now
+-- the debt refilled to now: (debt, updated); a clock behind the writer's changes nothing
+local function level(debt, updated, count)
+  if not debt then
+    return 0, now
   end
   if now <= updated then
-    return scaled, updated
+    return debt, updated
   end
-  local elapsed = math.min(now - updated, ceil_div(full - scaled, count))
-  return math.min(full, scaled + elapsed * count), now
+  return math.max(0, debt - (now - updated) * count), now
 end
 
-local reply, writes, all_allowed = {}, {}, true
-for i = 1, #KEYS do
+local function ttl(debt, updated, count)
+  return string.format('%d', math.max(1000, updated + ceil_div(debt, count) - now + 1000))
+end
+
+local reply, writes, held, all_allowed = {}, {}, {}, true
+for i = 1, N do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
-  local g = gcd(count, period)
   local full = burst * period
   local stored, updated = decode(load(i))
-  if stored then
-    stored = stored * g
-  end
-  if op == 'refund' then
+  held[i] = {stored, updated}
+  if op == 'refund' or op == 'credit' then
     if stored then
-      local scaled
-      scaled, updated = level(stored, updated, full, count)
-      scaled = math.min(full, scaled + cost * period)
-      writes[i] = {scaled, updated}
+      local debt
+      debt, updated = level(stored, updated, count)
+      writes[i] = {math.max(0, debt - cost * period), updated}
     end
+  elseif op == 'debit' then
+    local debt
+    debt, updated = level(stored, updated, count)
+    writes[i] = {math.min(debt + cost * period, (DEBT + 1) * full), updated}
   else
-    local scaled
-    scaled, updated = level(stored, updated, full, count)
+    local debt
+    debt, updated = level(stored, updated, count)
     local need = cost * period
-    local allowed = scaled >= need
+    local allowed = debt + need <= full
     if allowed and op == 'hit' then
-      scaled = scaled - need
-      writes[i] = {scaled, updated}
+      debt = debt + need
+      writes[i] = {debt, updated}
     end
     local since = math.max(now, updated)
     local retry = 0
@@ -114,26 +127,30 @@ for i = 1, #KEYS do
       if cost > burst then
         retry = -1
       else
-        retry = since - now + ceil_div(need - scaled, count)
+        retry = since - now + ceil_div(debt + need - full, count)
       end
     end
     local n = #reply
     reply[n + 1] = allowed and 1 or 0
-    reply[n + 2] = idiv(scaled, period)
-    reply[n + 3] = since + ceil_div(full - scaled, count)
+    reply[n + 2] = math.max(0, idiv(full - debt, period))
+    reply[n + 3] = since + ceil_div(debt, count)
     reply[n + 4] = retry
   end
 end
 
-if op == 'refund' or (op == 'hit' and all_allowed) then
-  for i = 1, #KEYS do
+if op == 'hit' and all_allowed or op == 'refund' or op == 'credit' or op == 'debit' then
+  for i = 1, N do
     local w = writes[i]
     if w then
-      local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
-        tonumber(ARGV[3 * i + 3])
-      local expires = w[2] + ceil_div(burst * period - w[1], count)
-      save(i, encode(idiv(w[1], gcd(count, period)), w[2]),
-        string.format('%d', math.max(1000, expires - now + 1000)))
+      local count = tonumber(ARGV[3 * i + 1])
+      save(i, encode(w[1], w[2]), ttl(w[1], w[2], count))
+    end
+  end
+elseif op == 'hit' then -- rejected: a lowered count may need the state longer than written
+  for i = 1, N do
+    local debt, updated = held[i][1], held[i][2]
+    if debt and debt > 0 then
+      keep(i, ttl(debt, updated, tonumber(ARGV[3 * i + 1])))
     end
   end
 end

@@ -36,6 +36,7 @@ the shared sans-I/O ``codec``, as for ``RedisStore``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -51,7 +52,7 @@ from ...errors import ConfigError, StoreUnavailable
 from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
-from .codec import Codec, Command, fallback, outcomes
+from .codec import Codec, Command, admin_outcomes, fallback, outcomes
 from .layout import CompactLayout
 from .leases import AsyncRedisLeases, LeaseCall, RedisLeases
 from .pipeline import Call
@@ -84,6 +85,7 @@ class RedisClusterStore:
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
         layout: CompactLayout | None = None,
+        legacy_keys: bool = False,
     ) -> None:
         self.socket_timeout = _check_timeout(socket_timeout)
         if batching is not None and not isinstance(batching, Batching):
@@ -93,7 +95,7 @@ class RedisClusterStore:
         if url is not None:
             check_url(url, "cluster url", cluster=True)
         self.url = url
-        self.codec = Codec(prefix, layout)
+        self.codec = Codec(prefix, layout, legacy_keys)
         self.prefix = prefix
         self.client = client
         self._lock = threading.Lock()
@@ -183,6 +185,64 @@ class RedisClusterStore:
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's change and the peeks before and after, in one script call on the
+        slot's primary (``AdminStore``)."""
+        command = self.codec.admin(plan)
+        try:
+            client = self._sync_client()
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except _ERRORS as exc:
+            raise _unavailable(plan, exc) from exc
+        return admin_outcomes(reply)
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """The same as ``administer``, on the asyncio cluster client (never batched)."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        command = self.codec.admin(plan)
+        try:
+            await self._ready(client)
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))
+        except _ERRORS as exc:
+            raise _unavailable(plan, exc) from exc
+        return admin_outcomes(reply)
+
+    def execute_many(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """Several plans through one cluster pipeline: plans of one caller key are one slot,
+        so one round trip to its primary (``ManyStore``); after ``NOSCRIPT`` each plan that
+        missed its script is sent again alone."""
+        if not plans:
+            return []
+        commands = [_on_primary(self.codec.command(plan)) for plan in plans]
+        try:
+            client = self._sync_client()
+            pipe = client.pipeline()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = pipe.execute(raise_on_error=False)
+            out = []
+            for command, reply in zip(commands, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+                elif isinstance(reply, Exception):
+                    raise reply
+                out.append(outcomes(reply))
+        except _ERRORS as exc:
+            raise _unavailable(plans[0], exc) from exc
+        return out
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """The same as ``execute_many``: the calls ride in their primary's batch."""
+        return list(await asyncio.gather(*(self.execute_async(plan) for plan in plans)))
 
     async def ready(self) -> None:
         """Load the asyncio client's slot map if it is not loaded yet (the service's batcher

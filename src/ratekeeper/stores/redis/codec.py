@@ -15,6 +15,13 @@ stores built on it) share it and differ only in how they send a command.
 - ``fallback``: the same command as ``EVAL``/``EVAL_RO`` with the source, for after ``NOSCRIPT``
   (``EVAL`` also puts the script back in the server's cache, so no extra round trip).
 - ``outcomes``: the script's flat integer reply -> one ``Outcome`` per rate.
+- ``Codec.admin``: an admin's ``reset``/``credit``/``debit`` as one call of the algorithm's
+  admin script (``admin_script``: the twin wrapped in a function and run three times — a
+  peek of nothing, the change, a peek again — by ``lua/admin.lua``), so the change and the
+  state before and after it are one atomic step; ``admin_outcomes`` splits its reply.
+- Calendar rates (``Policy.calendar``) get their window end per call: the rate's ``period_ms``
+  argument is the end of the calendar period holding the plan's ``now_ms``
+  (``calendar_args``), computed here from the limiter's clock, never by Redis.
 
 The wire contract shared by every script (each script's header repeats it):
 ``KEYS[i]`` is rate i's key (``stores.keys.redis_key``; all share the caller's hash tag) or,
@@ -63,6 +70,31 @@ class Script:
 
 
 @cache
+def admin_script(name: str, layout: str = "keys") -> Script:
+    """The admin script of algorithm ``name`` for a key layout: the twin as a function
+    ``run(ARGV)`` and ``admin.lua`` calling it (see the module docstring)."""
+    base = script(name, layout)
+    lua = resources.files("ratekeeper.algorithms").joinpath("lua")
+    twin = lua.joinpath(f"{name}.lua").read_text()
+    prologue = base.source[: len(base.source) - len(twin)]
+    if name == "sliding_log":  # its lists are not in a layout: a reset deletes them
+        prologue += (
+            "local function drop(i)\n  redis.call('DEL', KEYS[i])\n"
+            "  if LEGACY then\n    redis.call('DEL', KEYS[N + i])\n  end\nend\n"
+        )
+    source = (
+        prologue
+        + "local function run(ARGV)\n"
+        + twin
+        + "\nend\n"
+        + lua.joinpath("admin.lua").read_text()
+    )
+    sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+    _BY_SHA[sha] = source
+    return Script(f"{name}:admin", source, sha)
+
+
+@cache
 def script(name: str, layout: str = "keys") -> Script:
     """The Lua twin of algorithm ``name`` for key layout ``keys`` or ``compact``, read and
     hashed once."""
@@ -73,7 +105,7 @@ def script(name: str, layout: str = "keys") -> Script:
     lua = resources.files("ratekeeper.algorithms").joinpath("lua")
     # integer.lua (exact integer division) and the layout's load/save are shared by every
     # twin: one copy each, prepended here (sliding_log keeps its lists in either layout)
-    parts = ["integer.lua", f"layout_{layout}.lua", f"{name}.lua"]
+    parts = ["stack.lua", "integer.lua", f"layout_{layout}.lua", f"{name}.lua"]
     if name == "sliding_log":
         parts.remove(f"layout_{layout}.lua")
     source = "".join(lua.joinpath(part).read_text() for part in parts)
@@ -83,6 +115,17 @@ def script(name: str, layout: str = "keys") -> Script:
 
 
 _BY_SHA: dict[str, str] = {}
+
+
+def calendar_args(policy: Policy, now_ms: int) -> tuple[int, ...]:
+    """``policy_args`` with each calendar rate's ``period_ms`` replaced by the end of its
+    period holding ``now_ms`` (the window a hit would open now)."""
+    out = list(policy_args(policy))
+    for i, limit in enumerate(policy.limits):
+        calendar = limit.rate.calendar
+        if calendar is not None:
+            out[3 * i + 1] = calendar.end_ms(now_ms)
+    return tuple(out)
 
 
 def policy_args(policy: Policy) -> tuple[int, ...]:
@@ -104,11 +147,25 @@ class Codec:
     """Plans -> commands for one key prefix and layout; remembers each policy's script and
     ARGV tail."""
 
-    __slots__ = ("_buckets", "_packed", "_policies", "_prefix_bytes", "layout", "prefix")
+    __slots__ = (
+        "_buckets",
+        "_packed",
+        "_policies",
+        "_prefix_bytes",
+        "layout",
+        "legacy",
+        "prefix",
+    )
 
-    def __init__(self, prefix: str = "rk", layout: CompactLayout | None = None) -> None:
+    def __init__(
+        self, prefix: str = "rk", layout: CompactLayout | None = None, legacy: bool = False
+    ) -> None:
         self.prefix = check_prefix(prefix)
         self.layout = check_layout(layout)
+        if not isinstance(legacy, bool):
+            raise ConfigError(f"legacy_keys={legacy!r} is invalid; expected True or False")
+        self.legacy = legacy
+        """Send each rate's 0.1 key name too (``Policy.legacy``), to read state from it."""
         self._buckets = 0 if layout is None else layout.buckets
         self._prefix_bytes = prefix.encode()
         # id(policy) -> (policy, sha, slots, args, packed); the policy keeps its id unique.
@@ -119,6 +176,10 @@ class Codec:
     def _compact(self, policy: Policy) -> bool:
         return self.layout is not None and self.layout.packs(policy.algorithm.NAME)
 
+    def slots(self, policy: Policy) -> tuple[str, ...]:
+        """The slots a call names: the policy's, then (``legacy``) their 0.1 names."""
+        return policy.slots + policy.legacy if self.legacy else policy.slots
+
     def tag(self, plan: Plan) -> str:
         """The hash tag of the plan's keys (a Cluster routes by it): the caller key's, or its
         bucket's in the compact layout."""
@@ -128,7 +189,7 @@ class Codec:
 
     def keys(self, plan: Plan) -> list[str]:
         """The Redis keys of the plan's rates, in stack order (compact: the hashes)."""
-        prefix, slots = self.prefix, plan.policy.slots
+        prefix, slots = self.prefix, self.slots(plan.policy)
         if self.layout is not None and self.layout.packs(plan.policy.algorithm.NAME):
             tag = bucket_tag(compact_field(plan.key), self.layout.buckets)
             return [f"{prefix}{{{tag}}}{slot}" for slot in slots]
@@ -150,6 +211,8 @@ class Codec:
             entry = self._remember(policy)
         _, sha, slots, args, compact = entry
         op = plan.op
+        if policy.calendar:
+            args = calendar_args(policy, plan.now_ms)
         name = "EVALSHA_RO" if op == "peek" else "EVALSHA"
         if compact:
             keys = self.keys(plan)
@@ -174,6 +237,8 @@ class Codec:
         if entry is None or entry[0] is not policy:
             entry = self._remember_packed(policy, plan.op)
         _, head, slots, op, tail, compact = entry
+        if policy.calendar:
+            tail = _bulks(*calendar_args(policy, plan.now_ms))
         prefix = self._prefix_bytes
         if compact:
             field = compact_field(plan.key)
@@ -195,17 +260,28 @@ class Codec:
             head, keys, op, len(now), now, len(cost), cost, tail,
         )  # fmt: skip
 
+    def admin(self, plan: Plan) -> Command:
+        """The one call of an admin's ``reset``, ``credit`` or ``debit`` (``plan.op``): the
+        algorithm's admin script, which replies the peek before and the peek after."""
+        policy = plan.policy
+        compact = self._compact(policy)
+        sha = admin_script(policy.algorithm.NAME, "compact" if compact else "keys").sha
+        keys = self.keys(plan)
+        args = calendar_args(policy, plan.now_ms) if policy.calendar else policy_args(policy)
+        tail = (compact_field(plan.key),) if compact else ()
+        return ("EVALSHA", sha, len(keys), *keys, plan.op, plan.now_ms, plan.cost, *args, *tail)
+
     def _remember_packed(self, policy: Policy, op: str) -> _Packed:
         if len(self._packed) >= 4096:
             self._packed.clear()
         name = "EVALSHA_RO" if op == "peek" else "EVALSHA"
         args = policy_args(policy)
-        n = len(policy.slots)
+        n = len(self.slots(policy))
         compact = self._compact(policy)
         sha = script(policy.algorithm.NAME, "compact" if compact else "keys").sha
         # name, sha, numkeys, the keys, op, now_ms, cost, the per-rate ARGV (, the field)
         head = b"*%d\r\n" % (3 + n + 3 + len(args) + compact) + _bulks(name, sha, n)
-        slots = tuple(s.encode() for s in policy.slots)
+        slots = tuple(s.encode() for s in self.slots(policy))
         entry = (policy, head, slots, _bulks(op), _bulks(*args), compact)
         self._packed[(id(policy), op)] = entry
         return entry
@@ -215,7 +291,7 @@ class Codec:
             self._policies.clear()
         compact = self._compact(policy)
         sha = script(policy.algorithm.NAME, "compact" if compact else "keys").sha
-        entry = (policy, sha, policy.slots, policy_args(policy), compact)
+        entry = (policy, sha, self.slots(policy), policy_args(policy), compact)
         self._policies[id(policy)] = entry
         return entry
 
@@ -245,6 +321,15 @@ def fallback(command: Command) -> Command:
     """``command`` with ``EVALSHA``/``EVALSHA_RO`` replaced by ``EVAL``/``EVAL_RO`` and source."""
     name = "EVAL_RO" if command[0] == "EVALSHA_RO" else "EVAL"
     return (name, _BY_SHA[command[1]], *command[2:])
+
+
+def admin_outcomes(
+    reply: Sequence[int] | None,
+) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+    """An admin script's reply (a peek before, a peek after) -> the two outcome tuples."""
+    values = list(reply or ())
+    half = len(values) // 2
+    return outcomes(values[:half]), outcomes(values[half:])
 
 
 def outcomes(reply: Sequence[int] | None) -> tuple[Outcome, ...]:

@@ -27,6 +27,7 @@ handling and error wrapping are the same as on a single Redis.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ class _Node:
         socket_timeout: float,
         batching: Batching | None,
         layout: CompactLayout | None,
+        legacy_keys: bool = False,
     ) -> None:
         self.name = shard.name
 
@@ -102,6 +104,7 @@ class _Node:
             return RedisStore(
                 url, client=client, async_client=async_client, prefix=prefix,
                 socket_timeout=socket_timeout, batching=batching, layout=layout,
+                legacy_keys=legacy_keys,
             )  # fmt: skip
 
         self.sentinel: SentinelClients | None = None
@@ -147,6 +150,7 @@ class ShardedRedisStore:
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
         layout: CompactLayout | None = None,
+        legacy_keys: bool = False,
     ) -> None:
         if isinstance(shards, Shard) or not isinstance(shards, Sequence):
             raise ConfigError(f"shards={shards!r} is invalid; expected a list of Shard(...)")
@@ -160,7 +164,9 @@ class ShardedRedisStore:
         self.prefix = check_prefix(prefix)
         self.placement = Rendezvous([s.name for s in self.shards])
         check_layout(layout)
-        self._nodes = tuple(_Node(s, prefix, socket_timeout, batching, layout) for s in self.shards)
+        self._nodes = tuple(
+            _Node(s, prefix, socket_timeout, batching, layout, legacy_keys) for s in self.shards
+        )
 
     def __repr__(self) -> str:
         return f"ShardedRedisStore({list(self.placement.names)!r}, prefix={self.prefix!r})"
@@ -208,6 +214,44 @@ class ShardedRedisStore:
             return await primary.execute_async(plan)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
+
+    def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's change on the owning shard's primary (``AdminStore``)."""
+        node = self._nodes[self.partition(plan)]
+        try:
+            return node.primary.administer(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """The same as ``administer``, on the asyncio clients."""
+        node = self._nodes[self.partition(plan)]
+        try:
+            return await node.primary.administer_async(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def execute_many(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """Plans of one caller key in one round trip to its shard (peeks on a replica if it
+        has one, else the primary); plans of several keys one by one (``ManyStore``)."""
+        if not plans or any(plan.key != plans[0].key for plan in plans):
+            return [self.execute(plan) for plan in plans]
+        node = self._nodes[self.partition(plans[0])]
+        reads = all(plan.op == "peek" for plan in plans)
+        *replica, primary = node.route(plans[0]) if reads else (node.primary,)
+        for store in replica:
+            try:
+                return store.execute_many(plans)
+            except StoreUnavailable:
+                node.replica_failed(store, plans[0])
+        try:
+            return primary.execute_many(plans)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """The same as ``execute_many``: the calls ride in their server's batch."""
+        return list(await asyncio.gather(*(self.execute_async(plan) for plan in plans)))
 
     def acquire_lease(
         self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
@@ -317,10 +361,16 @@ class SentinelStore(ShardedRedisStore):
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
         layout: CompactLayout | None = None,
+        legacy_keys: bool = False,
     ) -> None:
         shard = SentinelShard(service, sentinels, url)
         super().__init__(
-            [shard], prefix=prefix, socket_timeout=socket_timeout, batching=batching, layout=layout
+            [shard],
+            prefix=prefix,
+            socket_timeout=socket_timeout,
+            batching=batching,
+            layout=layout,
+            legacy_keys=legacy_keys,
         )
 
     def __repr__(self) -> str:

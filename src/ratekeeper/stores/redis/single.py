@@ -38,7 +38,7 @@ from ...algorithms import Outcome
 from ...errors import ConfigError, StoreUnavailable
 from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batcher, Batching
-from .codec import Codec, Command, fallback, outcomes
+from .codec import Codec, Command, admin_outcomes, fallback, outcomes
 from .layout import CompactLayout
 from .leases import AsyncRedisLeases, RedisLeases
 from .pipeline import Call, RedisPipeline, Result
@@ -97,6 +97,7 @@ class RedisStore:
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
         layout: CompactLayout | None = None,
+        legacy_keys: bool = False,
     ) -> None:
         timeout = _check_timeout(socket_timeout)
         if url is None and client is None and async_client is None:
@@ -105,7 +106,7 @@ class RedisStore:
             raise ConfigError(f"batching={batching!r} is invalid; expected Batching(...) or None")
         if url is not None:
             check_url(url)
-        self.codec = Codec(prefix, layout)
+        self.codec = Codec(prefix, layout, legacy_keys)
         self.prefix = prefix
         options = client_options(timeout)
         try:
@@ -208,6 +209,66 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's reset, credit or debit with the peeks before and after, in one script
+        call (``AdminStore``)."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
+        command = self.codec.admin(plan)
+        try:
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _unavailable(plan, exc) from exc
+        return admin_outcomes(reply)
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """The same as ``administer``, on the asyncio client (never batched)."""
+        client = self.async_client
+        if client is None:
+            raise ConfigError("this RedisStore has only a sync client; use Limiter")
+        command = self.codec.admin(plan)
+        try:
+            try:
+                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _unavailable(plan, exc) from exc
+        return admin_outcomes(reply)
+
+    def execute_many(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """Several hit/peek/refund plans in one pipelined round trip (``ManyStore``: the peeks
+        of ``status``); a script missing after a restart is sent again as ``EVAL``."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
+        if not plans:
+            return []
+        commands = [self.codec.command(plan) for plan in plans]
+        try:
+            pipe = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            replies = pipe.execute(raise_on_error=False)
+            out = []
+            for command, reply in zip(commands, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+                elif isinstance(reply, Exception):
+                    raise reply
+                out.append(outcomes(reply))
+        except (RedisError, OSError) as exc:
+            raise _unavailable(plans[0], exc) from exc
+        return out
+
+    async def execute_many_async(self, plans: list[Plan]) -> list[tuple[Outcome, ...]]:
+        """The same as ``execute_many``: in the batch of the calls in flight (one pipeline)."""
+        return list(await asyncio.gather(*(self.execute_async(plan) for plan in plans)))
 
     def _sync_leases(self) -> RedisLeases:
         if self._leases is None:
