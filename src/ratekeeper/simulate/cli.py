@@ -175,10 +175,10 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the replay and write the reports."""
-    from . import html, render
-    from .lines import MAX_LINE
+    from .output import html, render
+    from .output.report import trouble
+    from .reading.lines import MAX_LINE
     from .replay import Options, progress_stream, replay
-    from .report import trouble
 
     try:
         if not 0 <= args.share < 1:

@@ -37,7 +37,7 @@ from ..middleware.gate import Admission, Op, run
 from ..middleware.request import RequestInfo
 from ..middleware.wsgi import WSGIRateLimitMiddleware
 from ..stores.memory import MemoryStore
-from .logs import Entry
+from .reading.logs import Entry
 from .stats import LimitStats, Recorder
 
 UNBOUNDED = sys.maxsize

@@ -15,10 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .logs import LogReader, LogStats
-from .order import Skew
-from .stats import LimitStats
-from .times import zone_name
+from ..reading.logs import LogReader, LogStats
+from ..reading.order import Skew
+from ..reading.times import zone_name
+from ..stats import LimitStats
 
 TIMELINE_BUCKETS = 120
 """A top key's timeline has at most about this many buckets."""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, NamedTuple
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .combined import NAMES, block_pattern
 from .formats import COMBINED_FAMILY, FORMATS, SAMPLE, Detected, LineFormat, detect
 from .formats import line_format as make_line_format

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from typing import IO
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 BLOCK_CHARS = 1 << 16
 """Characters read at a time (then cut after the last whole line): a block's rows then stay
