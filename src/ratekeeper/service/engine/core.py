@@ -20,7 +20,7 @@ Both APIs (HTTP JSON and gRPC) call this module; it does no parsing of the wire 
   token names a random 72-bit lease id, so a forged one releases nothing. ``enabled: false``
   and a full shadow policy answer "acquired" with a token that holds nothing (empty id);
   so does fail-open (``degraded``).
-- Envoy's ``ShouldRateLimit`` is ``envoy.Envoy``, which decides each descriptor's limit with
+- Envoy's ``ShouldRateLimit`` is ``envoy.rls.Envoy``, which decides each descriptor's limit with
   ``decide`` on a key of its own (a counter shared as envoyproxy/ratelimit shares it).
 """
 

@@ -3,7 +3,7 @@ ShouldRateLimit``, with Envoy's own messages (the ``xds-protos`` package, genera
 envoyproxy/data-plane-api; imported only here, so ``import ratekeeper`` stays free of it).
 
 This module is the wire: it checks the token, turns a ``RateLimitRequest`` into
-``envoy.Descriptor``s, asks ``envoy.Envoy`` and builds the ``RateLimitResponse``. Before
+``rls.Descriptor``s, asks ``rls.Envoy`` and builds the ``RateLimitResponse``. Before
 anything is counted it refuses, with ``INVALID_ARGUMENT`` and nothing charged: an empty
 domain or descriptor list, more than ``envoy.max_descriptors`` descriptors or
 ``envoy.max_entries`` entries in one request, a ``hits_addend`` over 2**31-1, a limit

@@ -1,6 +1,6 @@
 """The dashboard in the service: ``GET /dashboard`` (the page), ``GET /dashboard/data`` (its
 JSON; client token) and ``POST /dashboard/modes`` (a toggle; admin token), routed by
-``http.ROUTES`` like every other route. The page and the data are ``ratekeeper.dashboard``'s;
+``http.routes.ROUTES`` like every other route. The page and the data are ``ratekeeper.dashboard``'s;
 here the engine's policies are its toggles: ``off`` is ``enabled: false`` (the kill switch),
 ``shadow`` is ``shadow: true``, until the next reload, as ``POST /v1/admin/policies/{name}``.
 The data also lists Envoy's quota buckets (``rlqs``: ``rlqs.stats.Row`` each).
