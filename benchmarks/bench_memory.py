@@ -159,6 +159,7 @@ def pyrate_run(algorithm: str) -> Callable[[int], Run]:
             def get(self, item: Any) -> Any:
                 bucket = self.buckets.get(item.name)
                 if bucket is None:
+                    algo: Any
                     if algorithm in ("gcra", "token_bucket"):
                         algo = pl.GCRA() if algorithm == "gcra" else pl.TokenBucket()
                         bucket = pl.StateBucket(rates, algorithm=algo)

@@ -9,7 +9,8 @@ about 1.5 million commands and takes a few minutes on 2 vCPUs.
   ``EVALSHA`` loop of the same script and arguments, unpinned and with client and redis-server
   pinned to CPU 0 (``taskset -c 0``), best of three rounds each;
 - (b) the same algorithm in ``limits``, ``throttled-py`` and ``pyrate-limiter`` on the same
-  Redis: decisions/s, Redis CPU per decision (``INFO cpu`` user+sys delta, which includes the
+  Redis, in ``--rounds`` interleaved rounds (median, and the range of the ratio to ours):
+  decisions/s, Redis CPU per decision (``INFO cpu`` user+sys delta, which includes the
   server's network I/O) and script time per decision (``INFO commandstats`` usec of the EVAL
   family, which includes the commands a script runs, plus plain commands for clients that send
   them);
@@ -31,7 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -178,7 +179,7 @@ def limits_peer(
 ) -> Callable[[int], Any] | None:
     from limits import parse, storage, strategies
 
-    cls = {
+    cls: type[strategies.RateLimiter] | None = {
         "fixed_window": strategies.FixedWindowRateLimiter,
         "sliding_window": strategies.SlidingWindowCounterRateLimiter,
         "sliding_log": strategies.MovingWindowRateLimiter,
@@ -286,33 +287,40 @@ def part_a(n: int) -> None:
     )
 
 
-def part_b(n: int, keys: int) -> None:
+def part_b(n: int, keys: int, rounds: int) -> None:
     rows = []
     with redis_server(False) as client:
         for algorithm in ALGORITHMS:
-            contenders = [("ratekeeper", ours), *PEERS.items()]
-            for name, make in contenders:
-                client.flushall()
+            runs: dict[str, Callable[[int], Any]] = {}
+            for name, make in [("ratekeeper", ours), *PEERS.items()]:
                 run = make(client, algorithm, "1000/minute", keys)
-                if run is None:
-                    continue
-                run(0)
-                m = measure(client, n, run)
+                if run is not None:
+                    runs[name] = run
+            per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+            names = list(runs)
+            for r in range(rounds):  # interleaved, order rotated: load on the machine hits all
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    client.flushall()
+                    runs[name](0)
+                    per_round[name].append(measure(client, n, runs[name]))
+            for name, ms in per_round.items():
+                ratios = sorted(
+                    m["rate"] / o["rate"] for m, o in zip(ms, per_round["ratekeeper"], strict=True)
+                )
                 rows.append(
                     [
                         algorithm,
                         name,
-                        f"{m['rate']:,.0f}",
-                        f"{m['cpu_us']:.1f}",
-                        f"{m['cmd_us']:.1f}",
-                        m["shape"],
+                        f"{median(m['rate'] for m in ms):,.0f}",
+                        f"{ratios[rounds // 2]:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})",
+                        f"{median(m['cpu_us'] for m in ms):.1f}",
+                        f"{median(m['cmd_us'] for m in ms):.1f}",
+                        ms[-1]["shape"],
                     ]
                 )
-    base = {r[0]: float(r[2].replace(",", "")) for r in rows if r[1] == "ratekeeper"}
-    for r in rows:
-        r.insert(3, f"{float(r[2].replace(',', '')) / base[r[0]]:.2f}")
     table(
-        f"(b) same Redis and algorithm, 1000/minute over {keys:,} keys, {n:,} hits each, unpinned",
+        f"(b) same Redis and algorithm, 1000/minute over {keys:,} keys, {n:,} hits each, "
+        f"unpinned; median of {rounds} interleaved rounds (ratio: median, lowest-highest)",
         [
             "algorithm",
             "library",
@@ -324,6 +332,12 @@ def part_b(n: int, keys: int) -> None:
         ],
         rows,
     )
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value (the upper one of an even count)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def fill(
@@ -512,6 +526,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10x fewer calls and keys")
     parser.add_argument("--only", default="a,b,c,d,e", help="comma-separated parts to run")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of part (b) (default 5)")
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     parts = set(args.only.split(","))
@@ -523,7 +538,7 @@ def main() -> None:
     if "a" in parts:
         part_a(20_000 // scale)
     if "b" in parts:
-        part_b(10_000 // scale, 1000)
+        part_b(10_000 // scale, 1000, args.rounds)
     if "c" in parts:
         part_c(100_000 // scale)
     if "d" in parts:

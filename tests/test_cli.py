@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from ratekeeper.demo import ORDER, Traffic, report, run
 SCRIPT = Path(sys.executable).with_name("ratekeeper")
 
 
-def ratekeeper(*args: str) -> subprocess.CompletedProcess[str]:
+def ratekeeper(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The console script's run; ``env`` is added to this process's environment."""
     script = str(SCRIPT) if SCRIPT.exists() else shutil.which("ratekeeper")
     if script is None:
         pytest.fail("the ratekeeper console script is not installed (pip install -e .)")
-    return subprocess.run([script, *args], capture_output=True, text=True, timeout=60)
+    environ = {**os.environ, **env} if env else None
+    return subprocess.run([script, *args], capture_output=True, text=True, timeout=60, env=environ)
 
 
 def test_version() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from ._version import __version__
 from .demo import add_demo_command
+from .healthcheck import add_healthcheck_command
+from .service.admin_cli import add_admin_command
 from .service.check_config import add_check_config_command
 from .service.cli import add_serve_command
 from .simulate.cli import add_simulate_command
@@ -28,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_command(subparsers)
     add_check_config_command(subparsers)
+    add_admin_command(subparsers)
     add_demo_command(subparsers)
     add_simulate_command(subparsers)
+    add_healthcheck_command(subparsers)
     return parser
 
 

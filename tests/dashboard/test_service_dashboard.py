@@ -86,6 +86,15 @@ def test_dashboard_shows_what_metrics_count_and_toggles_need_the_admin_token(
     assert shown("api.core", "rejected") == rejected == 3
     top = browser.evaluate("document.querySelector('#top-keys tbody').textContent")
     assert "heavy" in top and "light" not in top
+    # the incident view: the configured limit, when a key was first and last limited, the zone
+    limit = browser.evaluate(
+        "document.querySelector('tr[data-policy=\"api.core\"] td.limit').textContent"
+    )
+    assert limit == "5/hour (fixed_window)", limit
+    seen = browser.evaluate("document.querySelector('#top-keys td.last-seen').textContent")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC[+-]\d\d:\d\d \(\d+ s ago\)", seen), seen
+    assert "UTC" in browser.evaluate("document.getElementById('status').textContent")
+    assert browser.evaluate("document.querySelectorAll('td.shadow-rate').length") == 2
     breakers = browser.evaluate("document.querySelector('#breakers tbody').textContent")
     assert "memory" in breakers and "closed" in breakers
     browser.screenshot("dashboard")
@@ -116,6 +125,10 @@ def test_dashboard_shows_what_metrics_count_and_toggles_need_the_admin_token(
         assert (
             http.post("/v1/hit", json={"policy": "api.core", "key": "heavy"}).json()["allowed"]
             is True
+        )
+        browser.wait_for(  # the disabled column counts what the kill switch let through
+            'document.querySelector(\'tr[data-policy="api.core"] '
+            "td[data-outcome=\"disabled\"]').textContent === '1'"
         )
         policies = http.get("/v1/policies").json()["policies"]
         assert next(p for p in policies if p["name"] == "api.core")["enabled"] is False

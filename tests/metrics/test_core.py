@@ -154,3 +154,22 @@ def test_rejected_keys_feed_the_sketch_when_kept() -> None:
     long = SpaceSaving(max_len=3)
     long.add("p", "abcdef")
     assert long.top()[0].item == "abc…"
+
+
+def test_space_saving_remembers_when_each_key_was_first_and_last_counted() -> None:
+    now = [100.0]
+    sketch = SpaceSaving(capacity=2, clock=lambda: now[0])
+    sketch.add("p", "a")
+    now[0] = 130.0
+    sketch.add("p", "a")
+    sketch.add("p", "b")
+    now[0] = 160.0
+    sketch.add("p", "c")  # replaces b (the smallest): c is first seen now, not when b was
+    by_item = {h.item: h for h in sketch.top(5)}
+    assert (by_item["a"].first_seen, by_item["a"].last_seen) == (100.0, 130.0)
+    assert (by_item["c"].first_seen, by_item["c"].last_seen, by_item["c"].error) == (
+        160.0,
+        160.0,
+        1,
+    )
+    assert "b" not in by_item

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -13,6 +14,46 @@ from collections.abc import Callable
 from pathlib import Path
 
 _LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \(Envoy RLS\) on [^ ]+:(\d+))?")
+
+
+IMAGE_ROOT = os.environ.get("RATEKEEPER_TEST_IMAGE_ROOT", "")
+"""Set by scripts/test-image: the image's filesystem; services then run in it under chroot."""
+IMAGE = json.loads(os.environ.get("RATEKEEPER_TEST_IMAGE_COMMAND", "{}"))
+"""The image's user, environment, entrypoint and healthcheck (scripts/test-image)."""
+
+
+def in_image(serve_args: list[str], env: dict[str, str], entrypoint: bool = True) -> list[str]:
+    """The command running the image's entrypoint with ``serve_args`` as the image would:
+    chrooted into its filesystem, as its user, with only its environment and ``env``. Paths
+    below the image's root are given as the image sees them."""
+    for value in [*serve_args, *env.values()]:
+        readable(value)
+    inside = [
+        a.removeprefix(IMAGE_ROOT) if a.startswith(IMAGE_ROOT + "/") else a for a in serve_args
+    ]
+    env = {"HOST": "127.0.0.1", **env}  # tests listen on loopback only
+    if "REDIS_URL" not in env:  # the image's environment means upstream's Redis socket
+        env["RATEKEEPER_STORE"] = "memory"  # the memory store, as outside the image
+    variables = [*IMAGE["env"], *(f"{k}={v}" for k, v in env.items())]
+    head = IMAGE["entrypoint"] if entrypoint else []
+    return ["chroot", f"--userspec={IMAGE['user']}", IMAGE_ROOT, "/usr/bin/env", "-i",
+            *variables, *head, *inside]  # fmt: skip
+
+
+def readable(path: str) -> None:
+    """Let the image's user read ``path`` (pytest makes its directories 0700, for root)."""
+    if not path.startswith(IMAGE_ROOT + "/") or not os.path.exists(path):
+        return
+    for parent in Path(path).parents:
+        if len(str(parent)) <= len(IMAGE_ROOT):
+            break
+        parent.chmod(parent.stat().st_mode | 0o755)
+    if os.path.isdir(path):
+        os.chmod(path, os.stat(path).st_mode | 0o755)
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                full = os.path.join(root, name)
+                os.chmod(full, os.stat(full).st_mode | (0o755 if name in dirs else 0o644))
 
 
 class ServiceProcess:
@@ -33,12 +74,17 @@ class ServiceProcess:
         args += ["--grpc-port", "0"] if grpc else ["--no-grpc"]
         for c in configs:
             args += ["--config", str(c)]
+        command = argv or args
+        environ = {**os.environ, **(env or {})}
+        if IMAGE_ROOT and argv is None:  # scripts/test-image: the same serve, in the image
+            command = in_image(args[4:], env or {})
+            environ = dict(os.environ)
         self.proc = subprocess.Popen(
-            argv or args,
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=environ,
             preexec_fn=preexec_fn,
             cwd=cwd,
         )
@@ -60,8 +106,7 @@ class ServiceProcess:
                     return line
             if self.proc.poll() is not None:
                 break
-        self.stop()
-        err = self.proc.stderr.read() if self.proc.stderr else ""
+        err = self.stop()  # what it wrote to stderr (read once: stop reads it)
         raise RuntimeError(f"ratekeeper serve did not start: {err}")
 
     def signal(self, sig: signal.Signals) -> None:

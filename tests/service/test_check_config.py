@@ -141,9 +141,11 @@ def test_check_config_prints_every_problem_and_exits_1(bad_dir: Path) -> None:
 def test_check_config_accepts_the_example_and_envoy_files(tmp_path: Path) -> None:
     out = ratekeeper("check-config", str(EXAMPLE))
     assert (out.returncode, out.stderr) == (0, ""), out
-    assert out.stdout == (
-        "ok: 1 file, 4 rate and 1 concurrency policies, 1 Envoy domain, store memory\n"
-    )
+    summary, heading, *settings = out.stdout.splitlines()
+    assert summary == "ok: 1 file, 4 rate and 1 concurrency policies, 1 Envoy domain, store memory"
+    assert heading.startswith("settings (a flag > RATEKEEPER_")
+    assert f"  config = [{str(EXAMPLE)!r}]  [--config]" in settings
+    assert "  port = 8080  [default]" in settings
     upstream = tmp_path / "config.yaml"  # envoyproxy/ratelimit's own format, as is
     upstream.write_text(
         "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n"
@@ -153,14 +155,35 @@ def test_check_config_accepts_the_example_and_envoy_files(tmp_path: Path) -> Non
     )
     out = ratekeeper("check-config", str(upstream), str(EXAMPLE))
     assert out.returncode == 0, out
-    warning, summary = out.stdout.splitlines()
+    warning, summary = out.stdout.splitlines()[:2]
     assert warning.startswith(f"{upstream}:13: warning: key 'unit' has no effect")
     assert summary.startswith("ok: 2 files, 4 rate and 1 concurrency policies, 2 Envoy domains")
 
 
 def test_check_config_usage_errors_exit_2() -> None:
-    out = ratekeeper("check-config")
-    assert out.returncode == 2 and "PATH" in out.stderr
+    out = ratekeeper("check-config", "--no-such-flag")
+    assert out.returncode == 2 and "--no-such-flag" in out.stderr
+
+
+def test_check_config_without_a_path_checks_what_serve_would_read(tmp_path: Path) -> None:
+    out = ratekeeper("check-config")  # the built-in example, as serve without --config
+    assert out.returncode == 0 and out.stdout.startswith("ok: 1 file, 4 rate"), out
+    runtime = tmp_path / "ratelimit" / "config"
+    runtime.mkdir(parents=True)
+    (runtime / "edge.yaml").write_text("domain: edge\ndescriptors: [{key: user}]\n")
+    env = {
+        "RUNTIME_ROOT": str(tmp_path),
+        "RUNTIME_SUBDIRECTORY": "ratelimit",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": "10.0.0.1:6379",
+        "REDIS_AUTH": "s3cret",
+    }
+    out = ratekeeper("check-config", env=env)
+    assert out.returncode == 0, out
+    assert "1 Envoy domain, store redis" in out.stdout
+    assert "[RUNTIME_ROOT + RUNTIME_SUBDIRECTORY]" in out.stdout
+    assert "store.url = 'redis://:***@10.0.0.1:6379/0'" in out.stdout
+    assert "s3cret" not in out.stdout
 
 
 def test_serve_refuses_an_invalid_config_with_every_problem(bad_dir: Path) -> None:

@@ -9,13 +9,18 @@ import sys
 import pytest
 
 from ratekeeper.service.cli import add_serve_command
+from ratekeeper.service.config.environment import serve_settings
 from tests.test_cli import ratekeeper
 
 
 def parse(*argv: str) -> argparse.Namespace:
+    """The arguments as ``serve`` runs with them: flags, then (an empty) environment."""
     parser = argparse.ArgumentParser(prog="ratekeeper")
     add_serve_command(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["serve", *argv])
+    args = parser.parse_args(["serve", *argv])
+    for name, setting in serve_settings(vars(args), {}).items():
+        setattr(args, name, setting.value)
+    return args
 
 
 def test_defaults_and_options() -> None:
@@ -99,7 +104,13 @@ def test_help_and_the_manual_agree_on_timeouts_signals_and_exit_status() -> None
     parser = argparse.ArgumentParser(prog="ratekeeper")
     serve = add_serve_command(parser.add_subparsers(dest="command", required=True))
     help_text = " ".join(serve.format_help().split())
-    defaults = {a.option_strings[0]: a.default for a in serve._actions if a.option_strings}
+    # the defaults serve runs with: the flags' (None: not given) completed by the environment
+    resolved = serve_settings({}, {})
+    defaults = {
+        a.option_strings[0]: resolved[a.dest].value if a.dest in resolved else a.default
+        for a in serve._actions
+        if a.option_strings
+    }
     for flag in ("--idle-timeout", "--header-timeout", "--body-timeout", "--send-timeout"):
         seconds = f"{defaults[flag]:g}"
         assert f"`{flag}`, {seconds} s" in service, flag

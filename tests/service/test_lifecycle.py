@@ -95,9 +95,10 @@ def unreachable(tmp_path: Path) -> Iterator[Path]:
 def test_sighup_while_starting_is_ignored(unreachable: Path) -> None:
     """SIGHUPs while ``--store-wait`` waits for a store that never answers: the process goes
     on starting, serves degraded, and then reloads on SIGHUP."""
-    starting = Starting(
-        "--config", str(unreachable), "--no-grpc", "--store-wait", "3", "--start-degraded"
-    )
+    starting = Starting(  # reloads are logged at INFO
+        "--config", str(unreachable), "--no-grpc", "--store-wait", "3", "--start-degraded",
+        "--log-level", "info",
+    )  # fmt: skip
     try:
         eventually(lambda: starting.ignores(signal.SIGHUP), 20)
         while not starting.serving():
@@ -149,7 +150,9 @@ def test_a_reload_does_not_stop_the_answers(tmp_path: Path) -> None:
     """While a reload reads a config of many files, ``/healthz`` goes on being answered; the
     reload's duration is logged; SIGTERM during a reload still answers it, then exits 0."""
     directory = envoy_directory(tmp_path / "conf", 150)
-    proc = ServiceProcess(directory, grpc=False, extra=("--watch-interval", "0"))
+    proc = ServiceProcess(  # reloads are logged at INFO
+        directory, grpc=False, extra=("--watch-interval", "0", "--log-level", "info")
+    )
     try:
         with httpx.Client(base_url=proc.url, timeout=30) as http:
             started = time.monotonic()

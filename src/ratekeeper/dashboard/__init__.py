@@ -79,7 +79,15 @@ def snapshot(metrics: Metrics, modes: Modes | None, top: int = 20) -> dict[str, 
             {"name": n, "mode": current.get(n), "decisions": policies[n]} for n in sorted(policies)
         ],
         "top_keys": [
-            {"policy": h.group, "key": h.item, "count": h.count, "error": h.error} for h in heavy
+            {
+                "policy": h.group,
+                "key": h.item,
+                "count": h.count,
+                "error": h.error,
+                "first_seen": h.first_seen,
+                "last_seen": h.last_seen,
+            }
+            for h in heavy
         ],
         "top_keys_kept": metrics.top is not None,
         "breakers": [

@@ -8,8 +8,9 @@ One folder per face, the decision engine below them, the process above:
 - ``engine``: a parsed request -> a decision (named policies, Envoy descriptors, leases,
   the over-limit cache); ``metrics``: what every face counts (Prometheus);
 - the process: ``server`` (build the store, limiter and engine, serve HTTP and gRPC, reload),
-  ``supervisor`` (``--workers``), ``lifecycle`` (signals, heartbeats), ``reloads``, and the
-  subcommands ``cli`` and ``check_config``.
+  ``supervisor`` (``--workers``), ``lifecycle`` (signals, heartbeats), ``reloads``, ``logs``,
+  ``statsd`` (upstream's statsd counters), ``auth`` (bearer tokens), and the subcommands
+  ``cli``, ``check_config`` and ``admin_cli``.
 
 This package's ``__init__`` imports nothing, so ``ratekeeper.service.cli`` can be imported
 without the extra installed.

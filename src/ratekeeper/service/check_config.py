@@ -10,6 +10,7 @@ the server extra.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from typing import Any
@@ -36,9 +37,11 @@ def add_check_config_command(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "paths",
-        nargs="+",
+        nargs="*",
         metavar="PATH",
-        help="a config file or a directory of them; several are merged as repeated --config",
+        help="a config file or a directory of them; several are merged as repeated --config "
+        "(default: what serve would read: RATEKEEPER_CONFIG, or upstream's runtime directory "
+        "in upstream mode, else the built-in example)",
     )
     parser.add_argument(
         "--config-dotfiles",
@@ -55,8 +58,19 @@ def run_check_config(args: argparse.Namespace) -> int:
         from .config.loader import load
     except ImportError as exc:
         return missing_extra("check-config", exc)
+    from .config import environment
+
+    given = {"config": args.paths, "config_dotfiles": args.config_dotfiles or None}
     try:
-        config = load(args.paths, dotfiles=args.config_dotfiles)
+        settings = environment.serve_settings(given, os.environ)
+        _, overlay = environment.config_overlay(os.environ)
+    except environment.EnvironmentProblem as exc:
+        for line in str(exc).splitlines():
+            print(line, file=sys.stderr)
+        print("the environment is invalid", file=sys.stderr)
+        return 1
+    try:
+        config = load(settings["config"].value, dotfiles=settings["config_dotfiles"].value)
     except ConfigError as exc:
         problems = str(exc).splitlines()
         for line in problems:
@@ -75,4 +89,23 @@ def run_check_config(args: argparse.Namespace) -> int:
         f"{len(config.domains)} Envoy domain{'s' if len(config.domains) != 1 else ''}, "
         f"store {config.store.kind}"
     )
+    print_settings([*settings.values(), *overlay], environment.ignored(os.environ))
     return 0
+
+
+def print_settings(settings: list[Any], ignored: list[Any]) -> None:
+    """The effective settings and where each came from (flag > RATEKEEPER_… > upstream's
+    variable > default); secrets in store URLs redacted."""
+    from ..stores.redis.urls import redact
+
+    print("settings (a flag > RATEKEEPER_... > envoyproxy/ratelimit's variable > default):")
+    for s in settings:
+        value = s.value
+        if isinstance(value, str) and "://" in value:
+            value = redact(value)
+        elif isinstance(value, dict):
+            value = {k: redact(v) if isinstance(v, str) and "://" in v else v
+                     for k, v in value.items()}  # fmt: skip
+        print(f"  {s.name} = {value!r}  [{s.source}]")
+    for s in ignored:
+        print(f"  ({s.name}={s.value!r} has no effect: {s.source})")

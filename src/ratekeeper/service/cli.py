@@ -7,8 +7,10 @@ says which extra to install when it is missing.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -30,6 +32,13 @@ environment variables:
   With neither token set, every route is open (for local use). A config's
   auth.token_env / auth.admin_token_env name other variables to read instead, and
   auth.token / auth.admin_token in the file take precedence over both.
+  RATEKEEPER_<FLAG>       every flag, e.g. RATEKEEPER_PORT, RATEKEEPER_LOG_LEVEL,
+                          RATEKEEPER_CONFIG (paths separated by ':'); RATEKEEPER_STORE: the
+                          store's URL
+  envoyproxy/ratelimit's  RUNTIME_ROOT, REDIS_URL, USE_STATSD, GRPC_PORT, ... read as
+                          upstream does, with upstream's defaults (docs/deploy.md)
+  A flag beats RATEKEEPER_..., which beats upstream's variable, which beats the default;
+  ratekeeper check-config prints the effective settings and their sources.
 
 signals:
   SIGHUP          reload the config (read in a thread; requests go on being answered);
@@ -78,17 +87,17 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--host",
-        default="127.0.0.1",
+        default=None,
         help="address to listen on, HTTP and gRPC; 0.0.0.0 for every interface "
         "(default: 127.0.0.1)",
     )
     parser.add_argument(
-        "--port", type=_port, default=8080, help="HTTP port; 0 picks a free one (default: 8080)"
+        "--port", type=_port, default=None, help="HTTP port; 0 picks a free one (default: 8080)"
     )
     parser.add_argument(
         "--grpc-port",
         type=_port,
-        default=8081,
+        default=None,
         metavar="PORT",
         help="gRPC port for Envoy's rate-limit API; 0 picks a free one (default: 8081)",
     )
@@ -98,7 +107,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--grpc-threads",
         type=_threads,
-        default=0,
+        default=None,
         metavar="N",
         help="gRPC on the standard grpc.server with N handler threads (default: 0, grpc.aio "
         "on the event loop)",
@@ -106,7 +115,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--store-wait",
         type=_seconds,
-        default=5.0,
+        default=None,
         metavar="SECONDS",
         help="at startup, wait this long for the store to answer, then exit with status 2 "
         "(default: 5)",
@@ -120,7 +129,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--header-timeout",
         type=_timeout,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="close an HTTP connection whose request's headers are not complete this long "
         "after it opened or after the previous answer (default: 10)",
@@ -128,7 +137,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--body-timeout",
         type=_timeout,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="close an HTTP connection whose request's body is not complete this long after "
         "its headers (default: 10)",
@@ -136,7 +145,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--idle-timeout",
         type=_timeout,
-        default=5.0,
+        default=None,
         metavar="SECONDS",
         help="close an HTTP connection that sends no byte of a request this long after it "
         "opened or after the previous answer, keep-alive (default: 5)",
@@ -144,7 +153,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--send-timeout",
         type=_timeout,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="cut off an HTTP client that reads none of its answers this long while they "
         "wait (default: 10)",
@@ -182,7 +191,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=_workers,
-        default=1,
+        default=None,
         metavar="N",
         help="worker processes sharing the ports; auto: one per core; more than one needs a "
         "shared store (Redis) (default: 1)",
@@ -190,10 +199,38 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--worker-timeout",
         type=_timeout,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="with --workers: replace a worker whose event loop has not reported for this "
         "long (stopped or stuck) (default: 10)",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=_level,
+        default=None,
+        metavar="LEVEL",
+        help="debug, info, warn, error (default: warn: problems only; info adds start, stop "
+        "and reloads)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="text: one line a record; json: one object a line (default: text)",
+    )
+    parser.add_argument(
+        "--statsd",
+        default=None,
+        metavar="HOST:PORT",
+        help="send envoyproxy/ratelimit's stats (ratelimit.service.rate_limit...) to this "
+        "statsd over UDP (default: none)",
+    )
+    parser.add_argument(
+        "--statsd-flush-interval",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between statsd flushes (default: 10)",
     )
     # set by the supervisor for its workers
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
@@ -205,7 +242,7 @@ def add_serve_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Start the service with the parsed arguments."""
+    """Start the service with the parsed arguments, completed from the environment."""
     from .lifecycle import ignore_hangups
 
     ignore_hangups()  # until it serves (server.serve)
@@ -215,6 +252,21 @@ def run_serve(args: argparse.Namespace) -> int:
         from .supervisor import supervise
     except ImportError as exc:
         return missing_extra("serve", exc)
+    from . import logs, statsd
+    from .config import environment
+
+    try:
+        settings = environment.serve_settings(vars(args), os.environ)
+    except environment.EnvironmentProblem as exc:
+        print(f"ratekeeper serve: {exc}", file=sys.stderr)
+        return 2
+    for name, setting in settings.items():
+        setattr(args, name, setting.value)
+    worker = args.worker_index is not None
+    tag = f"worker {args.worker_index}" if worker else "supervisor" if args.workers > 1 else ""
+    logs.configure(args.log_level, args.log_format, tag)
+    if args.statsd and not worker and not args.port:  # the sink reads /metrics: pick it now
+        args.port = _free_port(args.host)
     options = ServeOptions(
         tuple(args.config),
         args.host,
@@ -238,9 +290,40 @@ def run_serve(args: argparse.Namespace) -> int:
         worker_timeout=args.worker_timeout,
         heartbeat_fd=args.heartbeat_fd,
     )
-    if args.workers > 1 and args.worker_index is None:
-        return supervise(options, args.workers)
-    return serve(options)
+    sink = None
+    if args.statsd and not worker:
+        local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        url = f"http://{'[' + local + ']' if ':' in local else local}:{args.port}/metrics"
+        sink = statsd.StatsdSink(url, args.statsd, args.statsd_flush_interval)
+        sink.start()
+    log = logging.getLogger("ratekeeper.service")
+    if not worker:
+        log.info(
+            "ratekeeper serve starting: HTTP %s:%s, gRPC %s, %d worker(s), config %s%s",
+            args.host, args.port, "off" if args.no_grpc else args.grpc_port, args.workers,
+            ", ".join(args.config) or "(built-in example)",
+            f", statsd {args.statsd}" if args.statsd else "",
+        )  # fmt: skip
+    code = 2
+    try:
+        if args.workers > 1 and not worker:
+            code = supervise(options, args.workers)
+        else:
+            code = serve(options)
+        return code
+    finally:
+        if sink is not None:
+            sink.stop()
+        if not worker:
+            log.info("ratekeeper serve stopped (exit status %d)", code)
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def _stopped_while_starting(signum: int, frame: object) -> None:
@@ -266,6 +349,16 @@ def _workers(text: str) -> int:
             f"workers {text!r} is invalid; expected a whole number >= 1 or auto"
         )
     return int(text)
+
+
+def _level(text: str) -> str:
+    from .config.environment import LOG_LEVELS
+
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"log level {text!r} is invalid; expected debug, info, warn, error or fatal"
+        )
+    return LOG_LEVELS[text.lower()]
 
 
 def _threads(text: str) -> int:

@@ -31,16 +31,20 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..algorithms import Algorithm, Limit, Outcome
+from ..errors import ConfigError
 from ..metrics import core
 from ..metrics.prometheus import register
+from ..metrics.vocabulary import OUTCOMES
 from ..plan import Plan
 from ..stores.base import AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
@@ -70,11 +74,30 @@ class Metrics(core.Metrics):
         register(self, self.registry)
         self.envoy = EnvoyStats(self.registry, 0.8, 1000)
         self.rlqs = RlqsStats(self.registry)
+        for result in ("ok", "error"):  # at zero from the start: increase() sees the first one
+            self.reloads.labels(result)
 
-    def exposition(self) -> bytes:
-        """The text format Prometheus scrapes."""
+    def zero(self, policies: Iterable[str]) -> int:
+        """Create ``decisions_total{policy, outcome}`` at zero for every outcome of these
+        policies (in order), so ``increase()`` and alerts see their first decision; stops
+        where half of the family's series cap would be used, leaving the rest to traffic.
+        Returns how many policies were zeroed."""
+        family = self.decisions
+        budget = family.max_series // 2
+        done = 0
+        for policy in policies:
+            if len(family.series) + len(OUTCOMES) > budget:
+                break
+            for outcome in OUTCOMES:
+                family.labels(policy, outcome)
+            done += 1
+        return done
+
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """The text format Prometheus scrapes, or OpenMetrics when asked (``openmetrics``)."""
+        render = openmetrics_latest if openmetrics else generate_latest
         if self.worker is None:
-            return generate_latest(self.registry)
+            return render(self.registry)
         texts = [self.publish()]
         if self.peers_dir is not None:
             for path in sorted(self.peers_dir.glob("*.prom")):
@@ -83,7 +106,7 @@ class Metrics(core.Metrics):
                         texts.append(path.read_text())
         merged = CollectorRegistry(auto_describe=False)
         merged.register(_Merged(texts))
-        return generate_latest(merged)
+        return render(merged)
 
     def publish(self) -> str:
         """This worker's series, labelled with it, also written to ``peers_dir``."""
@@ -98,6 +121,19 @@ class Metrics(core.Metrics):
                 partial.write_text(text)
                 os.replace(partial, path)
         return text
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TEXT = OPENMETRICS_CONTENT_TYPE
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True when an ``Accept`` header asks for OpenMetrics (Prometheus' scrapes do, first)."""
+    return any(
+        part.split(";")[0].strip().lower() == "application/openmetrics-text"
+        and "q=0" not in part.replace(" ", "").split(";")[1:]
+        for part in accept.split(",")
+    )
 
 
 class _Labelled:
@@ -163,6 +199,14 @@ class InstrumentedStore:
             raise
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
+
+    async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
+        """An admin's reset, credit or debit (``AsyncAdminStore``), by the store it wraps."""
+        administer = getattr(self.inner, "administer_async", None)
+        if administer is None:
+            raise ConfigError(f"store {self.inner!r} cannot reset or credit (no administer)")
+        found: tuple[tuple[Outcome, ...], tuple[Outcome, ...]] = await administer(plan)
+        return found
 
 
 class InstrumentedLocalStore(InstrumentedStore):

@@ -282,7 +282,7 @@ class Service:
         self.metrics.reloads.labels("ok").inc()
         self.metrics.policies.set(len(new.policies))
         _warn(new)
-        log.warning(
+        log.info(
             "config reloaded from %s in %.2f s", ", ".join(new.files), time.monotonic() - started
         )
         self.warn_if_open()

@@ -2,7 +2,9 @@
 
 - ``loader``: the files, their sections and their checks -> ``ServiceConfig`` (``load``,
   ``parse_text``); ``example.yaml`` and ``schema.json``: an example and the JSON Schema;
+- ``environment``: settings from flags and ``RATEKEEPER_*`` (and upstream's) variables;
 - ``policies``: named rate stacks and concurrency caps; ``settings``: ``store:`` and ``auth:``;
+  ``quotas``: the ``quotas:`` section (tenants' plans);
 - ``envoy``: Envoy-format domains compiled into descriptor trees; ``rlqs``: the ``rlqs:`` section;
 - ``yaml_lines``: YAML that remembers each entry's line; ``files``: which files ``--config``
   names; ``watch``: reload when they change.

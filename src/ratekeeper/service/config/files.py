@@ -19,12 +19,16 @@ def config_files(paths: Iterable[str], dotfiles: bool = False) -> list[str]:
     out: list[str] = []
     for path in paths:
         p = Path(path)
-        if p.is_dir():
+        try:
+            is_dir, exists = p.is_dir(), p.exists()
+        except OSError as exc:  # a directory on the way that this user may not enter
+            raise ConfigError(f"{path}: cannot read config path: {exc.strerror or exc}") from None
+        if is_dir:
             found = sorted(_walk(p, dotfiles))
             if not found:
                 raise ConfigError(f"{path}: the config directory holds no file")
             out += [str(f) for f in found]
-        elif p.exists():
+        elif exists:
             out.append(path)
         else:
             raise ConfigError(f"{path}: cannot read config file: no such file or directory")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from . import environment
 from .envoy import (
     UNIT_SECONDS,
     VALID_KEYS,
@@ -41,6 +42,7 @@ from .files import config_files
 from .policies import ConcurrencySpec as ConcurrencySpec
 from .policies import PolicySpec as PolicySpec
 from .policies import policy_from
+from .quotas import QuotaReader, QuotaSettings, is_plan_rate
 from .rlqs import RlqsSettings, read_rlqs
 from .settings import AuthSettings as AuthSettings
 from .settings import ShardSettings as ShardSettings
@@ -98,6 +100,8 @@ class ServiceConfig:
     """The HTTP status of ``/v1/hit`` when the answer is ``allowed: false``."""
     rlqs: RlqsSettings = field(default_factory=RlqsSettings)
     """Envoy's quota buckets -> policies, and the quota service's settings (``rlqs/``)."""
+    quotas: QuotaSettings | None = None
+    """The plans and their source (``quotas:``, ``quota_config``); None: no plans."""
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -146,13 +150,24 @@ def _build(
         problems.at(index, path)
         with problems.guard():
             docs.append((index, path, _document(text)))
-    for phase in (builder.read_settings, builder.read_policies, builder.read_domains):
+    try:  # the environment's store/envoy/limits settings, over the settings file's
+        sections, _ = environment.config_overlay(env)
+    except environment.EnvironmentProblem as exc:
+        problems.add_text(-1, str(exc))
+    else:
+        created = environment.lay_over(docs, sections)
+        if created is not None:
+            texts.append(("<environment>", ""))
+            docs.append((len(texts) - 1, "<environment>", created))
+    phases = (builder.read_settings, builder.read_quotas, builder.read_policies,
+              builder.read_domains)  # fmt: skip
+    for phase in phases:
         for index, path, doc in docs:
             problems.at(index, path)
             phase(path, doc)
     if not problems.count:
-        files = tuple(path for path, _ in texts)
-        problems.at(files.index(builder.settings_file) if builder.settings_file else 0,
+        files = tuple(path for path, _ in texts if path != "<environment>")
+        problems.at(files.index(builder.settings_file) if builder.settings_file in files else 0,
                     builder.settings_file or (files[0] if files else "<config>"))  # fmt: skip
         with problems.guard():
             return builder.build(files)
@@ -211,6 +226,7 @@ class _Builder:
         self.warnings: list[str] = []
         self.rlqs = RlqsSettings()
         self.rlqs_file = ""
+        self.quotas = QuotaReader(problems)
 
     def build(self, files: tuple[str, ...]) -> ServiceConfig:
         if self.auth.grpc and not (self.auth.token or self.auth.admin_token):
@@ -232,6 +248,7 @@ class _Builder:
             tuple(self.warnings),
             self.over_limit_status,
             self.rlqs,
+            self.quotas.settings,
         )
 
     def read_settings(self, path: str, doc: Map) -> None:
@@ -239,7 +256,8 @@ class _Builder:
         if "domain" in doc:
             return
         with self.guard():
-            _no_unknown(doc, {"store", "auth", "limits", "envoy", "policies", "domains", "rlqs"},
+            _no_unknown(doc, {"store", "auth", "limits", "envoy", "policies", "domains", "rlqs",
+                                "quotas"},
                         "the top level")  # fmt: skip
         given = [k for k in ("store", "auth", "limits", "envoy") if k in doc]
         if not given:
@@ -267,6 +285,11 @@ class _Builder:
             with self.guard():
                 body = _map(doc["envoy"], doc.lines["envoy"], "envoy")
                 self.envoy = envoy_settings(body, problems)
+
+    def read_quotas(self, path: str, doc: Map) -> None:
+        """Phase 1b: the plans (``quotas:``), once the store is known."""
+        if "domain" not in doc:
+            self.quotas.read(path, doc, self.store.url if self.store.kind == "redis" else "")
 
     def read_policies(self, path: str, doc: Map) -> None:
         """Phase 2: named policies."""
@@ -336,7 +359,9 @@ class _Builder:
         body = _map(body, line, f"policy {name!r}")
         kind = body.get("kind", "rate")
         before = self.problems.count
-        if kind == "concurrency":
+        if kind == "rate" and is_plan_rate(body):
+            self.policies[name] = self.quotas.policy(name, body)
+        elif kind == "concurrency":
             spec = _concurrency(name, body, self.problems)
             if self.problems.count == before:
                 self.concurrency[name] = spec
@@ -398,6 +423,9 @@ class _Builder:
         return name
 
     def _lookup(self, name: Any, line: int) -> str:
+        if isinstance(name, str) and name in self.policies and self.policies[name].plan:
+            raise Problem(line, f"policy {name!r} counts a plan's limit, keyed by a caller's "
+                          "tenant; Envoy descriptors cannot use it (give a rate)")  # fmt: skip
         if name in self.concurrency:
             raise Problem(
                 line, f"policy {name!r} is a concurrency policy; a descriptor needs a rate policy"

@@ -34,6 +34,9 @@ class PolicySpec:
     label: str = ""
     """The ``policy`` label of its metrics when not ``name`` (an Envoy limit override's name
     holds the caller's rate, which must not become a label value)."""
+    plan: str = ""
+    """The plans' limit this policy counts (``rate: plan:<limit>``; ``quota_config``), else
+    empty: its ``policy`` is then the default plan's, for descriptions only."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,5 +33,5 @@ async def watch(
         now = await loop.run_in_executor(None, fingerprint, paths, dotfiles)
         if now != last:
             last = now
-            log.warning("config files changed; reloading")
+            log.info("config files changed; reloading")
             await reload()

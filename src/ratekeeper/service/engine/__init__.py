@@ -3,7 +3,8 @@
 - ``core``: ``Engine``: named policies (hit, peek, refund, reset), leases of concurrency
   policies, runtime toggles, and the fast paths (``answer_now``) a protocol calls first;
 - ``fast``: the fast hit on an in-process store (an admitted hit as the store's outcome);
-- ``cache``: the over-limit cache; ``keys``: store keys and lease tokens;
+- ``quotas``: tenants' plans served (``PlanService``); ``cache``: the over-limit cache;
+  ``keys``: store keys and lease tokens;
 - ``results``: what it answers (``Result``, ``LeaseResult``).
 
 The protocols (``service.http``, ``service.envoy``) parse and render; they ask the engine.

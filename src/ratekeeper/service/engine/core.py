@@ -43,6 +43,7 @@ from ..metrics import Metrics
 from .cache import OverLimitCache
 from .fast import Admitted, FastHits
 from .keys import lease_token, parse_lease_token, store_key
+from .quotas import PlanService
 from .results import LeaseResult, Result, _result
 
 UNLIMITED_REMAINING = 2**32 - 1
@@ -70,18 +71,31 @@ class Engine:
         self.config = config
         self.overrides: dict[str, tuple[bool, bool, bool]] = {}
         """Runtime toggles by policy: enabled, shadow, blocked (until the next reload)."""
+        self.plans = PlanService(limiter)
+        """The plans of ``plan:<limit>`` policies and the admin tools (``quota_runtime``)."""
+        self.plans.apply(config.quotas)
         self.generation = 0
         """Changes whenever a policy may answer differently (reload, toggle): what callers
         derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
         self.fast = FastHits(self)
         """The fast hit on an in-process store (``answer_now`` asks it first)."""
+        self._zero(config)
 
     def swap(self, config: ServiceConfig) -> None:
         """Start answering from a new config (runtime toggles and the local cache reset)."""
+        self.plans.apply(config.quotas)
         self.config = config
         self.generation += 1
         self.overrides.clear()
         self.cache.clear()
+        self._zero(config)
+
+    def _zero(self, config: ServiceConfig) -> None:
+        """Every configured policy's decision counters at zero (``Metrics.zero``)."""
+        zero = getattr(self.metrics, "zero", None)  # the service's Metrics
+        if zero is not None:
+            named = [spec.label or name for name, spec in config.policies.items()]
+            zero([*named, *config.concurrency])
 
     def spec(self, name: object) -> PolicySpec:
         """The named rate policy with runtime toggles applied, or ``BadRequest`` (404)."""
@@ -184,6 +198,9 @@ class Engine:
     async def refund(self, spec: PolicySpec, key: str, cost: int) -> None:
         """Give back ``cost`` units."""
         self.cache.forget(spec.name, key)
+        if spec.plan:
+            await self.limiter.refund(key, spec.rate_text, cost=cost)
+            return
         await self.limiter.refund(
             store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm, cost=cost,
             burst=spec.burst, buckets=spec.buckets, aligned=spec.aligned,
@@ -193,6 +210,9 @@ class Engine:
     async def reset(self, spec: PolicySpec, key: str) -> None:
         """Forget every counter of ``key`` under the policy."""
         self.cache.forget(spec.name, key)
+        if spec.plan:
+            await self.limiter.reset(key, spec.rate_text)
+            return
         await self.limiter.reset(
             store_key(spec.name, key), spec.policy.rates, algorithm=spec.algorithm,
             burst=spec.burst, buckets=spec.buckets, aligned=spec.aligned,
@@ -260,7 +280,7 @@ class Engine:
             cached = self.cache.get(spec.name, key, cost, int(self.clock() * 1000))
             if cached is not None:
                 return self._cached(spec, key, cached)
-        if op == "hit":
+        if op == "hit" and not spec.plan:
             local = self.limiter.decide_local("hit", stored, spec.policy, cost)
             if local is not None:
                 if local.allowed and not local.degraded:  # the common answer
@@ -283,7 +303,7 @@ class Engine:
                 return made
         stored = f"{len(spec.name)}:{spec.name}:{key}"  # store_key, inlined
         result = self.decide_now(op, spec, key, cost, stored)
-        if result is None and soon:
+        if result is None and soon and not spec.plan:
             kind: Op = "hit" if op == "hit" else "peek"
             return self.limiter.decide_soon(kind, stored, spec.policy, cost)
         return result
@@ -308,6 +328,9 @@ class Engine:
 
     async def ask(self, op: str, spec: PolicySpec, key: str, cost: int, stored: str) -> Result:
         """The store's answer to what ``decide_now`` could not decide."""
+        if spec.plan:  # the caller's tenant's limit (``quota_config``)
+            call = self.limiter.hit if op == "hit" else self.limiter.peek
+            return self.settle(spec, key, cost, await call(key, spec.rate_text, cost=cost))
         kind: Op = "hit" if op == "hit" else "peek"
         return self.settle(
             spec, key, cost, await self.limiter.decide(kind, stored, spec.policy, cost)
@@ -324,7 +347,7 @@ class Engine:
         if decision.degraded:
             metrics.decision(label, "degraded")
             return Result(decision, spec.name)
-        if self.config.local_cache:
+        if self.config.local_cache and not spec.plan:  # a plan's limit may be raised any time
             self.cache.put(spec.name, key, cost, decision)
         if spec.shadow:
             metrics.decision(label, "shadow_rejected", key)

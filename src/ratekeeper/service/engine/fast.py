@@ -128,6 +128,7 @@ class FastHits:
         if (
             not spec.enabled
             or spec.block
+            or spec.plan
             or len(spec.policy.limits) != 1
             or engine.config.policies.get(spec.name) is not spec  # toggled: a copy
         ):

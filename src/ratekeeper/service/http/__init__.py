@@ -2,9 +2,11 @@
 
 - ``server``: the listening socket, connection count and timers, graceful stop;
   ``connection``: one HTTP/1.1 connection (httptools); ``asgi``: a request handed to an ASGI app;
+  ``request``: one request on a connection;
 - ``guard``: what is checked in a request's head before its body is read (browser rules);
 - ``api``: the routes of the JSON API (``HttpApi``): parse a request, ask the ``Engine``,
   render its answer; ``hit``: ``POST /v1/hit``'s body and response, rendered from an outcome;
+- ``quotas``: the quota routes (status, admin operations);
 - ``dashboard``: ``/dashboard`` and its data; ``openapi.json``: the API's document.
 
 Imports nothing, so that its modules load one by one.

@@ -37,7 +37,9 @@ from ...errors import BadRequest
 from ..auth import _same
 from ..config.loader import PolicySpec
 from ..engine import Engine, Pending, Result, store_key
+from ..metrics import OPENMETRICS_TEXT, wants_openmetrics
 from . import dashboard
+from . import quotas as quota_routes
 from .body import (
     MAX_BODY,
     Receive,
@@ -278,10 +280,16 @@ class HttpApi:
         if route is None:
             raise BadRequest("path", f"no route {path!r}; see /openapi.json", 404)
         _method(method, route.method)
+        if route.path == "/healthcheck":  # envoyproxy/ratelimit's: the process serves
+            return 200, {"status": "ok"}, {}
         if route.path == "/healthz":
             info = await self.health()
             return (200 if info["store"] == "ok" else 503), info, {}
-        if route.path == "/metrics":
+        if route.path == "/metrics":  # OpenMetrics when the scraper asks for it
+            accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+            if wants_openmetrics(accept.decode("latin-1")):
+                body = self.engine.metrics.exposition(openmetrics=True)
+                return 200, body, {"content-type": OPENMETRICS_TEXT}
             return 200, self.engine.metrics.exposition(), {"content-type": _PROM}
         if route.path == "/openapi.json":
             return 200, self._openapi_for(self.engine.config.max_key_length), {}
@@ -310,6 +318,11 @@ class HttpApi:
             if "lease" not in req:
                 raise BadRequest("lease", "lease is missing; expected the token from acquire")
             return 200, {"released": await self.engine.release(req["lease"])}, {}
+        if route.path.startswith(("/v1/status", quota_routes.ADMIN)):
+            fields = quota_routes.FIELDS.get(route.path[len(quota_routes.ADMIN) :])
+            given = None if fields is None else _object(await _body(scope, receive), fields)
+            status, body = await quota_routes.answer(self.engine, route.path, scope, given)
+            return status, body, {"cache-control": "no-store"}
         if route.path == "/v1/admin/reload":
             await _body(scope, receive)
             error = await self.reload()

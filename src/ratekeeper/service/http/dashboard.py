@@ -52,6 +52,14 @@ def data(engine: Engine) -> dict[str, Any]:
     """What ``/dashboard/data`` answers, with the Envoy quota buckets (``rlqs``)."""
     out = snapshot(engine.metrics, EngineModes(engine))
     out["rlqs"] = [asdict(row) for row in engine.metrics.rlqs.rows()]
+    config = engine.config
+    for row in out["policies"]:  # the configured limit, for the incident view
+        name = row["name"]
+        if name in config.policies:
+            spec = config.policies[name]
+            row["limit"] = f"{spec.rate_text} ({spec.algorithm})"
+        elif name in config.concurrency:
+            row["limit"] = f"{config.concurrency[name].capacity} at once"
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import quotas as quota_routes
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -28,11 +30,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/admin/reload", "admin"),
     Route("POST", "/v1/admin/policies/{name}", "admin"),
     Route("GET", "/healthz", "public"),
+    Route("GET", "/healthcheck", "public"),
     Route("GET", "/metrics", "public"),
     Route("GET", "/openapi.json", "public"),
     Route("GET", "/dashboard", "public"),
     Route("GET", "/dashboard/data", "client"),
     Route("POST", "/dashboard/modes", "admin"),
+    *(Route(*r) for r in quota_routes.routes()),
 )
 """Every route the API serves, the one place that says who may call what (tests read it)."""
 
