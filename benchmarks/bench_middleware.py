@@ -9,9 +9,11 @@ middleware's own cost. Run::
 
 Prints microseconds of CPU time per request (median of rounds; this process's CPU time, so
 other processes on the machine add little noise) for each variant, the overhead over the bare
-app, and slowapi's overhead over each ratekeeper variant's: the pure middleware against
-slowapi's middleware, the FastAPI integration against slowapi's decorator. Compare ratios
-within one run, not numbers across runs.
+app, and each ratekeeper variant's overhead as a share of its slowapi counterpart's (the pure
+middleware and the default limit against slowapi's middleware, ``@limit`` against slowapi's
+decorator; below 0.5 is at most half of slowapi's cost), and each ``ratekeeper.compat.slowapi``
+variant's against the integration path it maps onto. Compare ratios within one run, not numbers
+across runs.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ def ratekeeper_defaults() -> Any:
     return app
 
 
+def ratekeeper_matching() -> Any:
+    """ratekeeper's FastAPI integration, the rule as a default limit, the middleware that
+    matches the route itself (``RouteLimits.matching``: for routes declared before it)."""
+    return RouteLimits(default=RULE).matching(bare())
+
+
 def ratekeeper_decorator() -> Any:
     """ratekeeper's FastAPI integration, the rule as a decorator on the route."""
     limits = RouteLimits()
@@ -76,6 +84,49 @@ def ratekeeper_decorator() -> Any:
     async def items() -> dict[str, bool]:
         return {"ok": True}
 
+    return app
+
+
+def ratekeeper_guard() -> Any:
+    """ratekeeper's ``@limit`` without ``init_app``, on an endpoint taking the request and the
+    response (slowapi's signature): the guard decides alone."""
+    limits = RouteLimits()
+    app = FastAPI()
+
+    @app.get("/items")
+    @limits.limit(RULE)
+    async def items(request: Request, response: Response) -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def compat_decorator() -> Any:
+    """slowapi's decorator app with ``ratekeeper.compat.slowapi``'s imports."""
+    from ratekeeper.compat import slowapi as compat
+
+    limiter = compat.Limiter(key_func=compat.get_remote_address)
+    app = FastAPI()
+    app.state.limiter = limiter
+    app.add_exception_handler(compat.RateLimitExceeded, compat._rate_limit_exceeded_handler)  # type: ignore[arg-type]  # the handler takes RateLimited
+
+    @app.get("/items")
+    @limiter.limit(RULE)
+    async def items(request: Request, response: Response) -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def compat_middleware() -> Any:
+    """slowapi's middleware app (a default limit) with ``ratekeeper.compat.slowapi``'s imports."""
+    from ratekeeper.compat import slowapi as compat
+
+    limiter = compat.Limiter(key_func=compat.get_remote_address, default_limits=[RULE])
+    app = bare()
+    app.state.limiter = limiter
+    app.add_exception_handler(compat.RateLimitExceeded, compat._rate_limit_exceeded_handler)
+    app.add_middleware(compat.SlowAPIMiddleware)
     return app
 
 
@@ -112,10 +163,14 @@ VARIANTS: dict[str, Variant] = {
     "bare FastAPI": bare,
     "ratekeeper (headers)": ratekeeper_headers,
     "ratekeeper FastAPI default limit": ratekeeper_defaults,
+    "ratekeeper FastAPI matching": ratekeeper_matching,
     "ratekeeper FastAPI @limit": ratekeeper_decorator,
+    "ratekeeper @limit, no init_app": ratekeeper_guard,
     "slowapi decorator": slowapi_decorator(False),
     "slowapi decorator (headers)": slowapi_decorator(True),
     "slowapi ASGI middleware": slowapi_middleware,
+    "compat.slowapi decorator": compat_decorator,
+    "compat.slowapi middleware": compat_middleware,
 }
 
 SCOPE = {
@@ -169,9 +224,18 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
 PAIRS = (
     ("ratekeeper (headers)", "slowapi ASGI middleware"),
     ("ratekeeper FastAPI default limit", "slowapi ASGI middleware"),
+    ("ratekeeper FastAPI matching", "slowapi ASGI middleware"),
     ("ratekeeper FastAPI @limit", "slowapi decorator (headers)"),
     ("ratekeeper FastAPI @limit", "slowapi decorator"),
+    ("ratekeeper @limit, no init_app", "slowapi decorator (headers)"),
+    ("compat.slowapi decorator", "slowapi decorator (headers)"),
+    ("compat.slowapi middleware", "slowapi ASGI middleware"),
 )
+SAME = (
+    ("compat.slowapi decorator", "ratekeeper @limit, no init_app"),
+    ("compat.slowapi middleware", "ratekeeper FastAPI matching"),
+)
+"""Each compat variant beside the integration path it maps onto."""
 
 
 def main() -> None:
@@ -186,8 +250,12 @@ def main() -> None:
         print(f"{name:34} {micros:11.1f} {micros - base:12.1f}")
     print()
     for ours, theirs in PAIRS:
-        ratio = (result[theirs] - base) / (result[ours] - base)
-        print(f"{theirs} / {ours}: {ratio:.2f}x the overhead")
+        ratio = (result[ours] - base) / (result[theirs] - base)
+        print(f"{ours} / {theirs}: {ratio:.2f}x the overhead")
+    print()
+    for compat, native in SAME:
+        ratio = (result[compat] - base) / (result[native] - base)
+        print(f"{compat} / {native}: {ratio:.2f}x the overhead")
     print(f"({args.rounds} rounds of {args.requests} requests, median CPU time per request)")
 
 

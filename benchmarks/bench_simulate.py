@@ -8,7 +8,9 @@ three heavy hitters) is replayed in one process, in one run:
 - ``Limiter.hit loop``: the parsed (time, ip) pairs through ``Limiter.hit`` with a
   ManualClock, no reading and no stats;
 - ``MemoryStore.hit_one loop``: the same through the store call that ``Limiter.hit`` makes
-  for one rate, which ``--limit`` makes on every line;
+  for one rate;
+- ``OneRate loop``: the same pairs, grouped in runs of one time, through ``OneRate``, the
+  steps of that store call in the replay's own dict, which ``--limit`` runs on every line;
 - ``simulate --limit``: one candidate limit, the whole replay (reading, clock, decision,
   stats, demand spooling), without and with the suggested-limit search afterwards;
 - ``simulate --checks``: the same limit as a middleware ``RateCheck`` through the WSGI
@@ -29,8 +31,9 @@ Run::
 Rows run in interleaved rounds (the order rotates every round, so drift in the machine's
 load hits them alike). Each row prints its median round's lines per second by process CPU
 time (``time.process_time``, so other programs on a shared machine count less) and by wall
-time, and its ratio to ``read + parse, every field``. The last line puts ``--limit`` beside
-its floor: a one-field parse and a ``hit_one`` per line, their costs added.
+time, and its ratio to ``read + parse, every field``. The last lines put ``--limit`` beside
+its floors: a one-field parse and a ``OneRate`` step per line, their costs added, and the
+same with a ``hit_one`` per line (the store's call) instead.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from datetime import UTC, datetime
 from ratekeeper import Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.plan import make_policy
+from ratekeeper.simulate.onerate import OneRate
 from ratekeeper.simulate.reading.lines import open_log
 from ratekeeper.simulate.reading.logs import LogReader
 from ratekeeper.simulate.replay import Options, replay
@@ -109,6 +113,16 @@ def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
         for t, ip in pairs:
             hit_one(slot, ip, algorithm, limit, int(t * 1000 + 0.5), 1)
 
+    runs: list[tuple[float, int, list[str]]] = []
+    for t, ip in pairs:
+        if not runs or runs[-1][0] != t:
+            runs.append((t, int(t * 1000 + 0.5), []))
+        runs[-1][2].append(ip)
+
+    def one_rate_loop() -> None:
+        policy = make_policy(RATE, "fixed_window", None, None)
+        OneRate(policy.algorithm, policy.limits[0]).hit_runs(runs)
+
     def candidates(suggest: bool) -> Callable[[], object]:
         def run() -> object:
             target = CandidatesTarget({"per-ip": RATE}, "ip", "fixed_window", ManualClock(0))
@@ -125,7 +139,8 @@ def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
         ("read + parse, every field", parse),
         ("read + parse, one field (--limit reads this)", parse_one_field),
         ("Limiter.hit loop over parsed lines", hit_loop),
-        ("MemoryStore.hit_one loop (--limit calls this)", hit_one_loop),
+        ("MemoryStore.hit_one loop (the store's call)", hit_one_loop),
+        ("OneRate loop over runs (--limit calls this)", one_rate_loop),
         ("simulate --limit, no suggestions", candidates(False)),
         ("simulate --limit, with suggestions", candidates(True)),
         ("simulate --checks (WSGI gate), no suggestions", checks),
@@ -252,12 +267,13 @@ def main() -> None:
                 f"  {name:46s} {rate[name]:>10,.0f} ({args.lines / wall:>9,.0f})  "
                 f"{rate[name] / floor:4.2f}"
             )
-        parse_one, hit_one, limit = (rate[table[i][0]] for i in (1, 3, 4))
-        bound = 1 / (1 / parse_one + 1 / hit_one)
-        print(
-            f"--limit's floor (one-field parse + hit_one per line): {bound:,.0f} lines/s; "
-            f"--limit reaches {limit / bound:.2f} of it"
-        )
+        parse_one, hit_one, one_rate, limit = (rate[table[i][0]] for i in (1, 3, 4, 5))
+        for what, step in (("OneRate", one_rate), ("hit_one", hit_one)):
+            bound = 1 / (1 / parse_one + 1 / step)
+            print(
+                f"--limit's floor (one-field parse + {what} per line): {bound:,.0f} lines/s; "
+                f"--limit reaches {limit / bound:.2f} of it"
+            )
         spread = max(
             (max(c for c, _ in v) - min(c for c, _ in v)) / statistics.median(c for c, _ in v)
             for v in times.values()

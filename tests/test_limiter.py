@@ -31,6 +31,7 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
     # waiting by callback for a store's batch is the event loop's: no sync twin
     assert sorted(sync) == sorted(set(aio) - {"decide_soon"})
     assert {"hit", "peek", "refund", "reset", "decide", "stats", "clock"} <= set(sync)
+    assert {"nested", "reserve", "settle", "cancel"} <= set(sync)
     for name, member in sync.items():
         if not callable(member):
             continue
@@ -39,7 +40,9 @@ def test_sync_and_async_limiters_have_the_same_surface() -> None:
             (p.name, p.kind, p.default) for p in b.parameters.values()
         ], name
         assert inspect.iscoroutinefunction(aio[name]) == (
-            name in {"hit", "peek", "refund", "reset", "check", "decide", "status", "administer"}
+            name
+            in {"hit", "peek", "refund", "reset", "check", "decide", "status", "administer"}
+            | {"nested", "refund_nested", "reserve", "settle", "cancel"}
         )
         assert not inspect.iscoroutinefunction(member)
     init_a = inspect.signature(Limiter.__init__).parameters

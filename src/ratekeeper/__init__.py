@@ -21,7 +21,11 @@ from .errors import RateSpecError as RateSpecError
 from .errors import StoreUnavailable as StoreUnavailable
 from .limiter import AsyncLimiter as AsyncLimiter
 from .limiter import Limiter as Limiter
+from .nested import Level as Level
+from .nested import NestedDecision as NestedDecision
 from .rates import Rate as Rate
+from .reservations import Reservation as Reservation
+from .reservations import Settlement as Settlement
 from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
 from .shedding import FleetUsageShedder as FleetUsageShedder
 from .shedding import ShedderSettings as ShedderSettings
@@ -58,11 +62,13 @@ __all__ = [
     "GradientLimit",
     "GradientSettings",
     "Lease",
+    "Level",
     "Limiter",
     "LocalBudget",
     "LoopLag",
     "ManualClock",
     "MemoryStore",
+    "NestedDecision",
     "Pressure",
     "ProcessCPU",
     "QueueDelay",
@@ -71,9 +77,11 @@ __all__ = [
     "RatekeeperError",
     "RedisClusterStore",
     "RedisStore",
+    "Reservation",
     "RolloutStore",
     "SentinelShard",
     "SentinelStore",
+    "Settlement",
     "Shard",
     "ShardedRedisStore",
     "ShedderSettings",

@@ -18,6 +18,9 @@ than ``t``); otherwise the seconds until the deciding rate is fully reset or ref
 for ``fixed_window`` is also when its quota comes back, and for the refilling algorithms the
 moment by which all of it has.
 
+A rate's quota unit is ``Rate.unit``; ``headers(policy, unit)`` gives one for the rates that
+state none (a middleware check's ``unit=``), so ``qu`` names what each rate counts.
+
 Names are structured-field Strings, which hold printable ASCII only (RFC 8941 3.3.3): every
 byte of a name's UTF-8 outside ``0x20-0x7E``, and ``%`` itself, is written ``%XX`` (upper-case
 hex, as RFC 9651 Display Strings escape), so ``café`` goes out as ``"caf%C3%A9"``; ``"`` and
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from .rates import Rate
 
@@ -62,17 +66,19 @@ class Decision:
         """Units of the deciding rate already used (``limit - remaining``)."""
         return self.limit - self.remaining
 
-    def headers(self, policy: str | None = None) -> dict[str, str]:
+    def headers(self, policy: str | None = None, unit: str | None = None) -> dict[str, str]:
         """The response headers a server should send with this decision.
 
-        ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``).
+        ``policy`` names the quota in the IETF fields (default: the rate, e.g. ``100/1m``);
+        ``unit`` is the quota unit (``qu``, e.g. ``content-bytes``) of the rates that state
+        none (``Rate.unit`` wins).
         """
-        return dict(zip(HEADER_NAMES, self.header_values(policy), strict=False))
+        return dict(zip(HEADER_NAMES, self.header_values(policy, unit), strict=False))
 
-    def header_values(self, policy: str | None = None) -> list[str]:
+    def header_values(self, policy: str | None = None, unit: str | None = None) -> list[str]:
         """The values of ``headers()`` in ``HEADER_NAMES`` order, ``Retry-After`` last and only
         on a rejection that can succeed."""
-        names, retry, reset_in = self._header_parts(policy)
+        names, retry, reset_in = self._header_parts(policy, unit)
         remaining = str(self.remaining)
         out = [
             str(self.limit),
@@ -86,10 +92,12 @@ class Decision:
             out.append(str(retry))
         return out
 
-    def header_lines(self, policy: str | None = None) -> list[tuple[bytes, bytes]]:
+    def header_lines(
+        self, policy: str | None = None, unit: str | None = None
+    ) -> list[tuple[bytes, bytes]]:
         """``headers()`` as an ASGI server sends them: names in lower case, names and values
         as bytes, in ``HEADER_NAMES`` order (the HTTP service's hot path builds no ``str``)."""
-        names, retry, reset_in = self._header_parts(policy)
+        names, retry, reset_in = self._header_parts(policy, unit)
         remaining = b"%d" % self.remaining
         out = [
             (_LIMIT, b"%d" % self.limit),
@@ -103,9 +111,13 @@ class Decision:
             out.append((_RETRY_AFTER, b"%d" % retry))
         return out
 
-    def _header_parts(self, policy: str | None) -> tuple[_Names, int | None, int]:
+    def _header_parts(
+        self, policy: str | None, unit: str | None = None
+    ) -> tuple[_Names, int | None, int]:
         """The policy's names (``_names_kept``), ``Retry-After`` (None when not sent) and the
         ``t`` of the ``RateLimit`` field."""
+        if unit is not None:
+            policy = (policy, unit)  # type: ignore[assignment]  # the cache key: see _names_kept
         names = _NAMES_SEEN.get((policy, id(self.stack), id(self.rate), self.limit, self.quotas))
         if names is None or names[2] is not self.stack or names[3] is not self.rate:
             names = _names_kept(policy, self.stack, self.rate, self.limit, self.quotas)
@@ -127,17 +139,23 @@ _LIMIT, _REMAINING, _RESET, _USED, _POLICY, _RATELIMIT, _RETRY_AFTER = (
 _Names = tuple[str, str, object, object, bytes, bytes]
 """The deciding rate's item name and the ``RateLimit-Policy`` value, the stack and rate they
 were made for, and the two names again as bytes."""
-_NAMES_SEEN: dict[tuple[str | None, int, int, int, tuple[int, ...]], _Names] = {}
+_NAMES_SEEN: dict[tuple[Any, int, int, int, tuple[int, ...]], _Names] = {}
 """``_names`` by the identity of the stack and rate (a ``Rate``'s hash is a Python call, and a
 policy's decisions share its objects); each entry keeps its stack and rate alive, so an id
 is never reused while it is here."""
 
 
 def _names_kept(
-    policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
+    policy: str | tuple[str | None, str] | None,
+    stack: tuple[Rate, ...],
+    rate: Rate,
+    limit: int,
+    quotas: tuple[int, ...],
 ) -> _Names:
-    """``_names``, remembered in ``_NAMES_SEEN`` (cleared when it reaches 4096 entries)."""
-    deciding, quota_policy = _names(policy, stack, rate, limit, quotas)
+    """``_names``, remembered in ``_NAMES_SEEN`` (cleared when it reaches 4096 entries);
+    ``policy`` is the name, or (name, quota unit) for a unit other than requests."""
+    name, unit = policy if isinstance(policy, tuple) else (policy, None)
+    deciding, quota_policy = _names(name, stack, rate, limit, quotas, unit)
     if len(_NAMES_SEEN) >= 4096:
         _NAMES_SEEN.clear()
     entry = (deciding, quota_policy, stack, rate, deciding.encode(), quota_policy.encode())
@@ -155,17 +173,24 @@ def policy_names(
 
 @lru_cache(maxsize=4096)
 def _names(
-    policy: str | None, stack: tuple[Rate, ...], rate: Rate, limit: int, quotas: tuple[int, ...]
+    policy: str | None,
+    stack: tuple[Rate, ...],
+    rate: Rate,
+    limit: int,
+    quotas: tuple[int, ...],
+    unit: str | None = None,
 ) -> tuple[str, str]:
     """The deciding rate's item name and the ``RateLimit-Policy`` value: they depend only on
-    the policy name, the stack, the deciding rate and the quotas, so they are built once."""
+    the policy name, the stack, the deciding rate, the quotas and the unit, so they are built
+    once."""
     names = [_item_name(policy, r, len(stack)) for r in stack]
     deciding = names[stack.index(rate)] if rate in stack else names[0]
     fields = []
     for n, r in zip(names, stack, strict=True):
         quota = quotas[stack.index(r)] if quotas else limit if r == rate else r.count
-        unit = "" if r.unit is None else f';qu="{r.unit}"'
-        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}{unit}")
+        qu = r.unit if r.unit is not None else unit
+        said = "" if qu is None else f';qu="{qu}"'
+        fields.append(f"{n};q={quota};w={max(1, math.ceil(r.period))}{said}")
     return deciding, ", ".join(fields)
 
 

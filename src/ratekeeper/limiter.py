@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .algorithms import Outcome
 from .breaker import Breaker
@@ -44,6 +44,8 @@ from .clock import Clock
 from .decision import Decision
 from .errors import ConfigError, StoreUnavailable
 from .metrics.core import Metrics
+from .nested import Level, NestedDecision
+from .nested_core import DEFAULT_TTL, NestedCall, NestedCore
 from .plan import (
     Op,
     Plan,
@@ -58,6 +60,7 @@ from .plan import (
 )
 from .quotas.calls import AsyncPlanCalls, PlanCalls, local_quota_hit, quota_name
 from .rates import Rate
+from .reservations import Reservation, Settlement
 from .stores.base import (
     AsyncPingable,
     AsyncStore,
@@ -76,6 +79,7 @@ if TYPE_CHECKING:
 
 RateSpec = str | Rate | Sequence[Rate]
 log = logging.getLogger("ratekeeper")
+T = TypeVar("T")
 
 
 class _Core:
@@ -218,6 +222,19 @@ class _Core:
         count_rejected: bool = False,
     ) -> Plan:
         """Validate the call and turn it into a plan (policies are cached per spelling)."""
+        policy = self.policy(rate, algorithm, burst, buckets, aligned, count_rejected)
+        return self.plan_of(op, key, policy, cost)
+
+    def policy(
+        self,
+        rate: RateSpec,
+        algorithm: str,
+        burst: int | None,
+        buckets: int | None,
+        aligned: bool = False,
+        count_rejected: bool = False,
+    ) -> Policy:
+        """The validated policy of a call's rates and options, cached per spelling."""
         cache_key = _cache_key(rate, algorithm, burst, buckets, aligned, count_rejected)
         try:
             policy = self._policies.get(cache_key)
@@ -230,7 +247,7 @@ class _Core:
                     self._policies[cache_key] = policy
                     if len(policy.limits) == 1:
                         self._singles[cache_key] = policy
-        return self.plan_of(op, key, policy, cost)
+        return policy
 
     def plan_of(self, op: Op, key: str, policy: Policy, cost: int) -> Plan:
         """``plan`` for a policy already made by ``make_policy`` (key and cost still checked)."""
@@ -254,7 +271,10 @@ class _Core:
 
     def breaker(self, plan: Plan) -> Breaker:
         """The breaker guarding ``plan``'s partition (``only``, for most stores)."""
-        part = 0 if self.partition is None else self.partition(plan)
+        return self.breaker_of(0 if self.partition is None else self.partition(plan))
+
+    def breaker_of(self, part: int) -> Breaker:
+        """The breaker of store partition ``part`` (made on first use)."""
         breaker = self._breakers.get(part)
         if breaker is None:
             breaker = self._breakers.setdefault(part, Breaker(*self._breaker_settings))
@@ -272,6 +292,32 @@ class _Core:
     ) -> Decision | None:
         """Record a failure (or a breaker skip if ``exc`` is None) and answer per policy;
         ``start`` is when the failed store call began (perf_counter; with metrics)."""
+        self._record_failure(exc, breaker, start)
+        if self.fail_local is not None:
+            outcomes = self.fail_local(plan)
+            if outcomes is not None:
+                if not outcomes:  # a refund or a reset, done locally
+                    return None
+                self.counts["fail_local"] += 1
+                return dataclasses.replace(decide(plan, outcomes), degraded=True)
+        self._fail_closed(exc)
+        if plan.op in ("refund", "reset"):
+            return None
+        self.counts["degraded"] += 1
+        return degraded(plan)
+
+    def note_failure(
+        self, exc: BaseException | None, breaker: Breaker | None, start: float = 0.0
+    ) -> None:
+        """Count and log a store failure of a nested call (``exc``; None: a breaker skip) and
+        tell its breaker; raise ``StoreUnavailable`` when failing closed (else the caller
+        answers degraded). Nested calls do not fail local: open or closed."""
+        self._record_failure(exc, breaker, start)
+        self._fail_closed(exc)
+
+    def _record_failure(
+        self, exc: BaseException | None, breaker: Breaker | None, start: float
+    ) -> None:
         if exc is not None:
             self.counts["store_errors"] += 1
             if self.metrics is not None:
@@ -287,21 +333,13 @@ class _Core:
                     exc,
                     "local" if self.fail_local else "open" if self.fail_open else "closed",
                 )
-        if self.fail_local is not None:
-            outcomes = self.fail_local(plan)
-            if outcomes is not None:
-                if not outcomes:  # a refund or a reset, done locally
-                    return None
-                self.counts["fail_local"] += 1
-                return dataclasses.replace(decide(plan, outcomes), degraded=True)
+
+    def _fail_closed(self, exc: BaseException | None) -> None:
+        """Raise ``StoreUnavailable`` when the limiter fails closed."""
         if not self.fail_open:
             if exc is None:
                 raise StoreUnavailable("store unavailable (circuit breaker open)")
             raise StoreUnavailable(f"store unavailable: {exc}") from exc
-        if plan.op in ("refund", "reset"):
-            return None
-        self.counts["degraded"] += 1
-        return degraded(plan)
 
     def succeeded(self, breaker: Breaker, start: float) -> None:
         """A store call that answered: timed (``start``: when it began, perf_counter; with
@@ -405,6 +443,24 @@ class _Base:
         """The clock every decision is timed by."""
         return self._core.clock
 
+    def hit_now(
+        self,
+        key: str,
+        rate: RateSpec,
+        algorithm: str = "fixed_window",
+        cost: int = 1,
+        burst: int | None = None,
+        buckets: int | None = None,
+    ) -> Decision | None:
+        """``hit`` decided at once by an in-process store (``LocalStore``: no plan, no I/O,
+        no coroutine), or None when it needs ``hit``'s full path (another store, a policy not
+        seen yet, a stack). The same decision ``hit`` gives; for callers on a hot path."""
+        core = self._core
+        decision = core.local_hit(key, rate, algorithm, cost, burst, buckets)
+        if decision is not None and core.counting is not None:
+            core.count(decision)
+        return decision
+
     @property
     def local_hit_one(self) -> Callable[..., Outcome] | None:
         """The in-process store's ``hit_one`` (``LocalStore``), None for other stores: what
@@ -444,6 +500,7 @@ class Limiter(_Base, PlanCalls):
         self.store = store
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+        self._nesting = NestedCore(self._core, store)
 
     def check(self) -> None:
         """Check the store answers — at startup: building a Redis store connects to nothing,
@@ -584,6 +641,42 @@ class Limiter(_Base, PlanCalls):
             core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
         )
 
+    def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
+        """Decide several levels (outermost first: org, user, key) in one atomic store call:
+        each level charged ``cost`` (or its own) only if every level admits (``nested``)."""
+        return self._nested(self._nesting.decide(levels, cost))
+
+    def refund_nested(self, levels: Sequence[Level], *, cost: int = 1) -> None:
+        """Give back what ``nested(levels, cost=cost)`` charged (e.g. for a 304): each level's
+        cost, never below empty or above full, in one store call."""
+        self._nested(self._nesting.refund(levels, cost))
+
+    def reserve(
+        self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL
+    ) -> Reservation:
+        """Admit ``estimate`` units on the levels, to ``settle`` with the actual cost later
+        (or ``cancel``); given back by the store if neither comes within ``ttl`` seconds."""
+        return self._nested(self._nesting.reserve(levels, estimate, ttl))
+
+    def settle(self, reservation: Reservation, actual: int) -> Settlement:
+        """Charge what ``reservation`` really cost: the difference from its estimate is given
+        back, or charged now (into a bounded debt); once per reservation (``reservations``)."""
+        return self._nested(self._nesting.settle(reservation, "settle", actual))
+
+    def cancel(self, reservation: Reservation) -> Settlement:
+        """Give ``reservation``'s whole estimate back (the work never ran)."""
+        return self._nested(self._nesting.settle(reservation, "cancel"))
+
+    def _nested(self, call: NestedCall[T]) -> T:
+        store = self._nesting.sync_store()
+        if not call.admitted():
+            return call.finish(None)
+        try:
+            reply = store.execute_nested(call.plan)
+        except Exception as exc:
+            return call.finish(exc)
+        return call.finish(reply)
+
 
 class Pending:
     """A decision on its way from a batching store (``AsyncLimiter.decide_soon``): when
@@ -644,6 +737,7 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
         self._queue = store.execute_soon if isinstance(store, QueuingStore) else None
         self._core.watch(store)
         self._observe(store, metrics, count_decisions)
+        self._nesting = NestedCore(self._core, store)
 
     async def check(self) -> None:
         """See ``Limiter.check``."""
@@ -798,3 +892,35 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
         await self._run(
             core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
         )
+
+    async def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
+        """See ``Limiter.nested``."""
+        return await self._nested(self._nesting.decide(levels, cost))
+
+    async def refund_nested(self, levels: Sequence[Level], *, cost: int = 1) -> None:
+        """See ``Limiter.refund_nested``."""
+        await self._nested(self._nesting.refund(levels, cost))
+
+    async def reserve(
+        self, levels: Sequence[Level], estimate: int, *, ttl: float = DEFAULT_TTL
+    ) -> Reservation:
+        """See ``Limiter.reserve``."""
+        return await self._nested(self._nesting.reserve(levels, estimate, ttl))
+
+    async def settle(self, reservation: Reservation, actual: int) -> Settlement:
+        """See ``Limiter.settle``."""
+        return await self._nested(self._nesting.settle(reservation, "settle", actual))
+
+    async def cancel(self, reservation: Reservation) -> Settlement:
+        """See ``Limiter.cancel``."""
+        return await self._nested(self._nesting.settle(reservation, "cancel"))
+
+    async def _nested(self, call: NestedCall[T]) -> T:
+        store = self._nesting.async_store()
+        if not call.admitted():
+            return call.finish(None)
+        try:
+            reply = await store.execute_nested_async(call.plan)
+        except Exception as exc:
+            return call.finish(exc)
+        return call.finish(reply)

@@ -82,6 +82,16 @@ def _request(client: httpx.Client, route: Route, auth: str | None) -> httpx.Resp
     body |= {quota + "override": {"tenant": "k", "limit": "api", "rate": "5/hour"}}
     body |= {quota + "clear-override": {"tenant": "k", "limit": "api"}}
     body |= {quota + "plan": {"tenant": "k", "plan": None}}
+    body |= {"/v1/reserve": {"levels": [{"policy": "p", "key": "k"}], "estimate": 1}}
+    if route.path in ("/v1/settle", "/v1/cancel"):  # a real reservation, with the client token
+        reserved = client.post(
+            "/v1/reserve",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json=body["/v1/reserve"],
+        )
+        body[route.path] = {"reservation": reserved.json()["reservation"]}
+        if route.path == "/v1/settle":
+            body[route.path]["actual"] = 1
     if route.path == "/v1/concurrency/release":  # a real lease, taken with the client token
         taken = client.post(
             "/v1/concurrency/acquire",

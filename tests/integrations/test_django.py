@@ -210,3 +210,104 @@ def test_real_asgi_server_on_redis_admits_exactly_the_limit(redis_url: str) -> N
                 assert streamed.headers["X-RateLimit-Resource"] == "stream"
         assert rk.current().gate.in_flight == 0
     assert views.STREAMED[-3:] == [0, 1, 2]
+
+
+# --- regressions: method_decorator, groups with named keys, block=False, stacked decorators
+
+
+@pytest.mark.parametrize("middleware", [True, False])
+def test_method_decorator_on_a_class_based_view_is_enforced(middleware: bool) -> None:
+    installed = ["ratekeeper.integrations.django.RateLimitMiddleware"] if middleware else []
+    with ratekeeper(), override_settings(MIDDLEWARE=installed):
+        client = Client(**PEER)
+        assert statuses(client, "/decorated/", 3) == [200, 200, 429]
+        assert client.get("/decorated/")["X-RateLimit-Resource"] == "decorated"
+    with ratekeeper(DEFAULT=None), override_settings(MIDDLEWARE=installed):
+        client = Client(**PEER)
+        assert statuses(client, "/decorated/", 3) == [200, 200, 429]
+        assert client.get("/decorated/")["X-RateLimit-Resource"] == "decorated"
+        assert [client.post("/decorated/").status_code for _ in range(4)] == [200] * 4
+        key = {"x-api-key": "k1"}
+        assert statuses(client, "/dispatched/", 2, **key) == [200, 200]
+        assert client.post("/dispatched/", headers=key).status_code == 429  # dispatch: all methods
+        assert rk.current().gate.in_flight == 0
+
+
+def test_method_decorator_keeps_no_state_per_request() -> None:
+    with ratekeeper(DEFAULT=None, CLOCK=ManualClock()):
+        client = Client(**PEER)
+        limits = rk.current()
+
+        def sizes() -> tuple[int, int, int, int]:
+            routes = limits.routes
+            return (
+                len(rk.TABLE._limits),
+                len(routes._cache),
+                len(routes._bound),
+                len(limits.gate.checks),
+            )
+
+        client.get("/decorated/")
+        before = sizes()
+        for i in range(60):
+            client.get("/decorated/", REMOTE_ADDR=f"198.51.100.{i % 200}")
+            client.get("/dispatched/", headers={"x-api-key": f"k{i}"})
+        client.get("/decorated/")
+        after = sizes()
+        assert after[0] <= before[0] + 1 and after[1:] <= (
+            before[1] + 2,
+            before[2] + 1,
+            before[3] + 1,
+        )
+
+
+def test_a_group_with_a_named_key_is_one_limit_across_views(client: Client) -> None:
+    paths = ["/by-user/a/", "/by-user/b/", "/by-user/a/", "/by-user/b/"]
+    assert [client.get(p, headers={"x-user": "ann"}).status_code for p in paths] == [200] * 3 + [
+        429
+    ]
+    assert client.get("/by-user/b/", headers={"x-user": "bob"}).status_code == 200
+    same = rk.key_function("header:x-api-key")
+    assert same is rk.key_function("header:x-api-key") and rk.key_function("ip") is rk.key_function(
+        None
+    )
+
+
+@pytest.mark.parametrize("middleware", [True, False])
+def test_block_false_marks_the_request_and_refuses_nothing(middleware: bool) -> None:
+    installed = ["ratekeeper.integrations.django.RateLimitMiddleware"] if middleware else []
+    with ratekeeper(DEFAULT=None), override_settings(MIDDLEWARE=installed):
+        client = Client(**PEER)
+        bodies = [client.get("/watched/") for _ in range(4)]
+        assert [r.status_code for r in bodies] == [200] * 4
+        assert [r.content for r in bodies] == [b"fine", b"fine", b"limited", b"limited"]
+
+
+@pytest.mark.parametrize("middleware", [True, False])
+def test_stacked_decorators_charge_each_limit_once(middleware: bool) -> None:
+    installed = ["ratekeeper.integrations.django.RateLimitMiddleware"] if middleware else []
+    with ratekeeper(DEFAULT=None), override_settings(MIDDLEWARE=installed):
+        client = Client(**PEER)
+        assert statuses(client, "/stacked/", 3) == [200, 200, 429]
+        assert client.get("/stacked/")["X-RateLimit-Remaining"] == "0"
+
+
+def test_a_strategy_typo_is_refused_without_default_limits() -> None:
+    with (
+        ratekeeper(DEFAULT=None, STRATEGY="fixed-windw"),
+        pytest.raises(ConfigError, match="STRATEGY"),
+    ):
+        rk.current()
+
+
+def broken_key(request: Any) -> str:
+    raise LookupError("a bug in the application's key function")
+
+
+def test_a_broken_key_function_is_counted_and_raised_on_request() -> None:
+    with ratekeeper(KEY=f"{__name__}.broken_key"):
+        client = Client(**PEER)
+        assert statuses(client, "/items/", 4) == [200] * 4
+        assert rk.current().gate.user_error_stats() == {"items": {"key": 4}}
+    with ratekeeper(KEY=f"{__name__}.broken_key", ON_ERROR="raise"), pytest.raises(LookupError):
+        Client(**PEER, raise_request_exception=True).get("/items/")

@@ -204,9 +204,12 @@ def test_settings_code_wins_and_bad_settings_are_named() -> None:
     assert statuses(client, "/items", 3) == [200, 200, 200]
     for config, named in [
         ({"RATELIMIT_STORAGE_URL": "redis://x"}, "'RATELIMIT_STORAGE_URL' is unknown"),
-        ({"RATELIMIT_STORAGE_URI": "mongodb://x"}, "STORAGE_URI 'mongodb://x' is invalid"),
+        ({"RATELIMIT_STORAGE_URI": "mongodb://x"}, "STORAGE_URI 'mongodb://x' is not supported"),
+        ({"RATELIMIT_STORAGE_URI": "redis+sentinel://h:1"}, "names no service"),
+        ({"RATELIMIT_STORAGE_URI": "redis+cluster://h"}, "names host 'h'"),
         ({"RATELIMIT_DEFAULT": "5/fortnight"}, "fortnight"),
-        ({"RATELIMIT_STRATEGY": "moving-window"}, "algorithm 'moving-window'"),
+        ({"RATELIMIT_STRATEGY": "moving-window"}, "ratekeeper's is 'sliding_log'"),
+        ({"RATELIMIT_ON_ERROR": "ignore"}, "ON_ERROR='ignore' is invalid"),
         ({"RATELIMIT_TRUSTED_PROXIES": ["10.0.0.0/33"]}, "TRUSTED_PROXIES"),
         ({"RATELIMIT_ENABLED": "no"}, "ENABLED 'no' must be True or False"),
         ({"RATELIMIT_MODE": "dark"}, "MODE 'dark' is invalid"),
@@ -266,3 +269,36 @@ def test_one_extension_serves_two_apps() -> None:
     # each app reads its own rate; a check of one name on one store is one counter (a limit's
     # name owns its counters): the second app's 2/minute finds the first app's hit
     assert statuses(second, "/items", 2) == [200, 429]
+
+
+# --- regressions: one RouteLimits for several apps, a strategy typo without default limits
+
+
+def test_each_app_of_a_factory_keeps_its_own_mode_and_counters() -> None:
+    limits = RouteLimits(clock=ManualClock())
+    on = make(limits, RATELIMIT_DEFAULT="1/minute")
+    off = make(limits, RATELIMIT_DEFAULT="1/minute", RATELIMIT_ENABLED=False)
+    shadow = make(limits, RATELIMIT_DEFAULT="1/minute", RATELIMIT_MODE="shadow")
+    assert statuses(on.test_client(), "/items", 2) == [200, 429]  # the last init_app did not win
+    assert statuses(off.test_client(), "/items", 2) == [200, 200]
+    assert statuses(shadow.test_client(), "/items", 2) == [200, 200]
+    assert limits.stats(on)["checks"]["items"] == {
+        "allowed": 1, "rejected": 1, "shadow_rejected": 0, "failed_open": 0, "skipped": 0
+    }  # fmt: skip
+    assert limits.stats(off)["checks"]["items"]["skipped"] == 2
+    assert limits.stats(shadow)["checks"]["items"]["shadow_rejected"] == 1
+    assert limits.controls_of(on) is not limits.controls_of(off)
+    shared = RouteLimits(clock=ManualClock(), controls=limits.controls_of(on))
+    one, two = (
+        make(shared, RATELIMIT_DEFAULT="1/minute"),
+        make(shared, RATELIMIT_DEFAULT="1/minute"),
+    )
+    assert shared.controls_of(one) is shared.controls_of(two)  # given: shared on purpose
+
+
+def test_a_strategy_typo_is_refused_at_init_app_without_default_limits() -> None:
+    for bad in ("fixed_windw", "moving-window"):
+        with pytest.raises(ConfigError, match="STRATEGY"):
+            make(RouteLimits(), RATELIMIT_STRATEGY=bad)
+    with pytest.raises(ConfigError, match="algorithm 'bogus' is unknown"):
+        RouteLimits(algorithm="bogus")

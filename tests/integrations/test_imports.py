@@ -1,4 +1,5 @@
-"""Optional dependencies stay optional: each integration imports its own framework, and only it."""
+"""Optional dependencies stay optional: each integration and each compat module imports its own
+framework, and only it (never the peer it stands in for)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import sys
 
 import pytest
 
-FRAMEWORKS = ("starlette", "fastapi", "flask", "werkzeug", "django", "rest_framework", "uvicorn")
+FRAMEWORKS = (
+    "starlette", "fastapi", "flask", "werkzeug", "django", "rest_framework", "uvicorn",
+    "slowapi", "flask_limiter", "django_ratelimit", "limits",
+)  # fmt: skip
 
 
 def imported_after(module: str) -> list[str]:
@@ -24,6 +28,8 @@ def imported_after(module: str) -> list[str]:
         "ratekeeper.integrations",
         "ratekeeper.integrations.routes",
         "ratekeeper.integrations.settings",
+        "ratekeeper.compat",
+        "ratekeeper.compat.limits_syntax",
     ],
 )
 def test_the_core_imports_no_framework(module: str) -> None:
@@ -37,6 +43,10 @@ def test_the_core_imports_no_framework(module: str) -> None:
         ("ratekeeper.integrations.flask", {"flask", "werkzeug"}),
         ("ratekeeper.integrations.django", {"django"}),
         ("ratekeeper.integrations.drf", {"django", "rest_framework"}),
+        ("ratekeeper.compat.slowapi", {"fastapi", "starlette"}),
+        ("ratekeeper.compat.flask_limiter", {"flask", "werkzeug"}),
+        ("ratekeeper.compat.django_ratelimit", {"django"}),
+        ("ratekeeper.compat.drf", {"django", "rest_framework"}),
     ],
 )
 def test_an_integration_imports_only_its_framework(module: str, allowed: set[str]) -> None:

@@ -91,6 +91,10 @@ def test_plan_policies_status_and_admin(served: tuple[ServiceProcess, str]) -> N
         # the tenant is the key up to ":": each user of "bob" is counted on bob's plan
         assert [_hit(client, "api", "bob:u1") for _ in range(6)] == [True] * 5 + [False]
         assert _rows(client, "bob:u2")["api"]["used"] == 0
+        # a plan's limit is no nested level (its policy's rates describe the default plan)
+        levels = [{"policy": "search", "key": "k"}, {"policy": "api", "key": "bob:u1"}]
+        r = client.post("/v1/hit", json={"levels": levels})
+        assert r.status_code == 400 and "levels[1].policy" in r.text, r.text
         before = _rows(client, "bob:u1")
         again = _rows(client, "bob:u1")
         used = {n: (r["used"], r["remaining"]) for n, r in before.items()}

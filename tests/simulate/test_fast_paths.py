@@ -3,9 +3,12 @@
 - ``LogReader.read`` parses a combined log a block of lines at a time: it yields the entries,
   counts and samples that a plain line-by-line parse (``reference``, below) gives.
 - ``LogReader.runs`` (one field, lines grouped by time) is ``read`` grouped, in every format.
-- ``CandidatesTarget.decide_run`` (``MemoryStore.hit_one`` over runs) reports what
-  ``decide`` (``Limiter.hit`` per entry) reports, for every algorithm, with and without
-  suggestions.
+- ``OneRate`` (one rate's states in a dict of its own) decides and holds what
+  ``MemoryStore.hit_one`` decides and holds, for every algorithm and option.
+- ``CandidatesTarget.decide_runs`` (``OneRate`` over runs) reports what ``decide``
+  (``Limiter.hit`` per entry, on a ``MemoryStore``) reports, for every algorithm and option
+  ``--limit`` takes, with and without suggestions, whole or split across files given in any
+  order, with late lines and missing keys.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from typing import Any
 import pytest
 
 from ratekeeper import ManualClock
+from ratekeeper.plan import make_policy
+from ratekeeper.simulate import onerate
 from ratekeeper.simulate.reading import lines
 from ratekeeper.simulate.reading.logs import LogReader, LogStats
 from ratekeeper.simulate.reading.times import TimeParser
 from ratekeeper.simulate.replay import Options, replay
-from ratekeeper.simulate.targets import CandidatesTarget
+from ratekeeper.simulate.targets import Candidate, CandidatesTarget
+from ratekeeper.stores.memory import MemoryStore
 
 LINE = re.compile(
     r'(\S+) \S+ (\S+) \[([^\]]+)\] "(\S+) (\S+)(?: (\S+))?" (\d{3}) (\S+)'
@@ -191,16 +197,99 @@ class General:
         self.decide = target.decide
 
 
-def report(tmp_path: Path, data: bytes, algorithm: str, fast: bool, suggest: bool) -> Any:
-    log = tmp_path / "access.log"
-    log.write_bytes(data)
-    limits = {"tight": "3/minute", "loose": "20/5 minutes", "two": "2/second;10/minute"}
-    target: Any = CandidatesTarget(limits, "ip", algorithm, ManualClock(0))
+POLICIES = [
+    ("fixed_window", {}),
+    ("fixed_window", {"aligned": True}),
+    ("fixed_window", {"count_rejected": True}),
+    ("fixed_window", {"aligned": True, "count_rejected": True}),
+    ("sliding_window", {}),
+    ("sliding_window", {"buckets": 4}),
+    ("sliding_log", {}),
+    ("token_bucket", {}),
+    ("token_bucket", {"burst": 7}),
+    ("gcra", {}),
+    ("gcra", {"burst": 1}),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "options"), POLICIES)
+@pytest.mark.parametrize("seed", range(3))
+def test_one_rate_decides_and_holds_what_the_memory_store_does(
+    algorithm: str, options: dict[str, Any], seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(onerate, "SWEEP_FROM", 8)  # sweeps run, often
+    rng = random.Random(seed)
+    rate = rng.choice(("3/second", "5/10 seconds", "4/minute"))
+    policy = make_policy(
+        rate, algorithm, options.get("burst"), options.get("buckets"),
+        options.get("aligned", False), options.get("count_rejected", False),
+    )  # fmt: skip
+    slot, step, limit = policy.slots[0], policy.algorithm, policy.limits[0]
+    store = MemoryStore(max_keys=1_000_000, sweep_every=5)
+    one = onerate.OneRate(step, limit)
+    keys = [f"k{i}" for i in range(rng.choice((2, 12)))]
+    now = 1_700_000_000_000
+    rejections = 0
+    for _ in range(100):
+        runs = []
+        for _ in range(rng.randrange(1, 5)):  # a list of runs, times rising
+            now += rng.choice((0, 0, 1, 250, 999, 1000, 4000, 61_000))
+            runs.append((now / 1000, now, [rng.choice(keys) for _ in range(rng.randrange(1, 9))]))
+        want = [
+            [k for k in run_keys if not store.hit_one(slot, k, step, limit, ms, 1)[0]]
+            for _, ms, run_keys in runs
+        ]
+        assert one.hit_runs(runs) == want
+        rejections += sum(map(len, want))
+        live = {k: e for (_, k), e in store._data.items() if e[0] > now}
+        assert {k: e for k, e in one.states.items() if e[0] > now} == live
+    assert rejections > 10
+
+
+def report(
+    tmp_path: Path,
+    data: bytes,
+    limits: dict[str, str | Candidate],
+    fast: bool,
+    suggest: bool,
+    split: int = 1,
+    window: float = 180.0,
+    field: str = "ip",
+) -> Any:
+    """The JSON report of ``limits`` over ``data`` (split in ``split`` files by line,
+    given newest first), by ``decide_runs`` (``fast``) or by ``decide``."""
+    chunks = data.split(b"\n")
+    paths = []
+    for i in range(split):
+        log = tmp_path / f"access.log.{i}"
+        log.write_bytes(
+            b"\n".join(chunks[i * len(chunks) // split : (i + 1) * len(chunks) // split])
+        )
+        paths.append(str(log))
+    target: Any = CandidatesTarget(limits, field, "fixed_window", ManualClock(0))
     if not fast:
         target = General(target)
-    got = replay(target, Options([str(log)], suggest=suggest), "candidates").to_json()
-    del got["seconds"], got["suggest_seconds"], got["lines_per_second"]
+    options = Options(paths[::-1], suggest=suggest, window=window)
+    got = replay(target, options, "candidates").to_json()
+    del got["seconds"], got["suggest_seconds"], got["lines_per_second"], got["files"]
+    # a few late lines as examples: a run of them is one example on the fast path (with its
+    # key field's value), each line one on the general path (with its ip); the count is exact
+    assert bool(got["order"].pop("late_samples")) == bool(got["order"]["late"])
     return got
+
+
+def candidates(algorithm: str) -> dict[str, str | Candidate]:
+    """Three candidates of ``algorithm``: tight, loose, a stack, and one with its option."""
+    out: dict[str, str | Candidate] = {
+        "tight": Candidate("3/minute", "ip", algorithm),
+        "loose": Candidate("20/5 minutes", "ip", algorithm),
+        "two": Candidate("2/second;10/minute", "ip", algorithm),
+    }
+    if algorithm in ("token_bucket", "gcra"):
+        out["burst"] = Candidate("2/minute", "ip", algorithm, burst=5)
+    if algorithm == "sliding_window":
+        out["buckets"] = Candidate("4/minute", "ip", algorithm, buckets=3)
+    return out
 
 
 @pytest.mark.parametrize(
@@ -209,10 +298,32 @@ def report(tmp_path: Path, data: bytes, algorithm: str, fast: bool, suggest: boo
 def test_candidates_fast_path_reports_what_limiter_hit_reports(
     tmp_path: Path, algorithm: str
 ) -> None:
+    limits = candidates(algorithm)
     for seed in range(2):
         data = random_log(random.Random(seed), 1500)
         for suggest in (False, True):
-            fast = report(tmp_path, data, algorithm, True, suggest)
-            assert fast == report(tmp_path, data, algorithm, False, suggest)
+            fast = report(tmp_path, data, limits, True, suggest)
+            assert fast == report(tmp_path, data, limits, False, suggest)
         assert sum(limit["would_reject"] for limit in fast["limits"]) > 30
         assert fast["order"]["backward_steps"] > 50  # out of order, put back in order
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"]
+)
+def test_fast_path_over_split_files_late_lines_and_missing_keys(
+    tmp_path: Path, algorithm: str
+) -> None:
+    limits = {
+        name: Candidate(c.rate, "user", c.algorithm, c.burst, c.buckets)
+        for name, c in candidates(algorithm).items()
+        if isinstance(c, Candidate)
+    }
+    data = random_log(random.Random(7), 2000)
+    for split, window in ((3, 180.0), (1, 3.0), (4, 5.0)):
+        fast = report(tmp_path, data, limits, True, True, split, window, "user")
+        assert fast == report(tmp_path, data, limits, False, True, split, window, "user")
+        assert fast["limits"][0]["key_missing"] > 300  # "-": no user
+        assert sum(limit["would_reject"] for limit in fast["limits"]) > 30
+        if window < 180:
+            assert fast["order"]["late"] > 20  # late lines counted, not decided

@@ -13,7 +13,15 @@ An algorithm module is a plain module with ``NAME``, ``CODE`` (one letter used i
   (the window then holds more than its limit);
 - ``expires_ms(state, limit) -> int``: when the state stops mattering (sweeps and Redis TTLs).
   After a charged, admitted step it equals the outcome's ``reset_ms`` (a fully reset rate is
-  the same as no state), which the memory store's one-rate hit uses instead of calling it.
+  the same as no state), which the memory store's one-rate hit uses instead of calling it;
+- ``settle(state, limit, now_ms, delta, since_ms, charged_ms, debt) -> new_state``: a
+  reservation made at ``since_ms``, whose charge answered ``reset_ms`` ``charged_ms``, turned
+  out to cost ``delta`` more units (or ``-delta`` fewer) than it took: a refund where the
+  reservation was counted (found by whichever of the two marks the algorithm needs: a log's
+  entries carry ``since_ms``, a window or bucket is named by its ``reset_ms``, which another
+  caller's clock cannot move), or a charge now that may run past the limit by up to ``debt``
+  units (``reservations``); ``state`` itself when nothing changes;
+- ``check_debt(limit, debt)``: refuse a debt whose arithmetic would leave the exact range.
 
 A rejected step changes nothing, unless its ``Limit.flags`` has ``COUNT_REJECTED`` (an option
 only fixed_window takes): then a rejected hit is charged too, and stores write the state the
@@ -108,6 +116,19 @@ class Algorithm(Protocol):
     def debit(self, state: Any, limit: Limit, now_ms: int, cost: int) -> Any: ...
 
     def expires_ms(self, state: Any, limit: Limit) -> int: ...
+
+    def settle(
+        self,
+        state: Any,
+        limit: Limit,
+        now_ms: int,
+        delta: int,
+        since_ms: int,
+        charged_ms: int,
+        debt: int,
+    ) -> Any: ...
+
+    def check_debt(self, limit: Limit, debt: int) -> None: ...
 
 
 def int_option(name: str, value: object, low: int, high: int, algorithm: str) -> int:

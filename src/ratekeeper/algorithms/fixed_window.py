@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..rates import Rate
-from .base import COUNT_REJECTED, INF, Limit, Outcome, new_outcome
+from .base import COUNT_REJECTED, INF, Limit, Outcome, check_exact, new_outcome
 
 NAME = "fixed_window"
 CODE = "f"
@@ -135,3 +135,41 @@ def _live(state: State | None, limit: Limit, now_ms: int) -> State:
 def expires_ms(state: State, limit: Limit) -> int:
     """The window's end."""
     return state[1]
+
+
+def check_debt(limit: Limit, debt: int) -> None:
+    """Any debt fits: a count is a small integer (a ``count_rejected`` counter has none)."""
+    if limit.flags & COUNT_REJECTED:
+        raise ConfigError(
+            "count_rejected counts every hit, admitted or not; a nested call or a reservation "
+            "charges no level when one rejects, so it cannot take count_rejected"
+        )
+    check_exact(limit.count + debt, f"count {limit.count} + debt {debt}", NAME)
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation settled ``delta`` units from its estimate; its charge answered
+    ``charged_ms``, the end of the window it was counted in (``since_ms`` is not needed).
+
+    ``delta < 0`` gives units back to that window, if it is still the live one (a window that
+    has ended gave everything back when the next one opened); ``delta > 0`` charges the live
+    window (opening one if none), past the limit up to ``count + debt``. Returns ``state``
+    itself when nothing changes.
+    """
+    live = state is not None and state[1] > now_ms
+    if delta < 0:
+        if state is not None and live and state[1] == charged_ms:
+            return refund(state, limit, now_ms, -delta)
+        return state
+    count, end = _live(state, limit, now_ms)
+    room = limit.count + debt - count
+    add = delta if delta <= room else max(room, 0)
+    return (count + add, end) if add > 0 else state

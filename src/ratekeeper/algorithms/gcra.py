@@ -141,3 +141,33 @@ def expires_ms(state: State, limit: Limit) -> int:
     """The arrival time: after it the key means the same as no key (a state written under
     another count means as long: ``tat`` stays where it was when counted the new way)."""
     return -(-state[0] // 1000)  # ceil_div, inlined: runs on every admitted hit
+
+
+def check_debt(limit: Limit, debt: int) -> None:
+    """The arrival time may run ``debt x T`` past ``now + burst x T``: keep it exact."""
+    check_exact(HORIZON_MS * 1000 + (2 * limit.capacity + debt) * limit.unit, "debt", NAME)
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation settled ``delta`` units from its estimate: units are alike, so a negative
+    ``delta`` moves the arrival time back now (never before now) and a positive one moves it
+    on, up to ``now + (burst + debt) x T``: a debt later requests wait out. Neither mark is
+    needed. Returns ``state`` itself when nothing changes."""
+    if delta < 0:
+        return state if state is None else refund(state, limit, now_ms, -delta)
+    t = limit.unit
+    now_us = now_ms * 1000
+    tat = _tat(state, limit, now_us)
+    cap = now_us + (limit.capacity + debt) * t
+    new = tat + delta * t
+    if new > cap:
+        new = cap if tat < cap else tat
+    return (new, limit.count) if new != tat else state

@@ -15,7 +15,7 @@ Accuracy: exact over any window. Store: one read-modify-write per decision.
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 
 from ..errors import ConfigError
 from ..rates import Rate
@@ -94,6 +94,43 @@ def debit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
     log = _live(state, limit, now_ms)
     n = min(cost, (DEBT + 1) * limit.count - len(log))
     for _ in range(max(n, 0)):
+        insort(log, now_ms)
+    return tuple(log)
+
+
+def check_debt(limit: Limit, debt: int) -> None:
+    """A log holds up to ``count + debt`` entries: keep it within twice the cap."""
+    if debt > MAX_COUNT:
+        raise ConfigError(f"debt {debt} is too large for sliding_log (at most {MAX_COUNT:_})")
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation made at ``since_ms`` settled ``delta`` units from its estimate (its
+    entries are stamped ``since_ms``; ``charged_ms`` is not needed).
+
+    ``delta < 0`` removes up to ``-delta`` entries stamped ``since_ms`` (the reservation's,
+    or others of the same millisecond, which are alike) while they are in the window;
+    ``delta > 0`` appends entries at now, past the limit up to ``count + debt`` in the window.
+    Returns ``state`` itself when nothing changes.
+    """
+    log = _live(state, limit, now_ms)
+    if delta < 0:
+        lo, hi = bisect_left(log, since_ms), bisect_right(log, since_ms)
+        take = min(-delta, hi - lo)
+        return tuple(log[:lo] + log[lo + take :]) if take else state
+    room = limit.count + debt - len(log)
+    add = delta if delta <= room else max(room, 0)
+    if add == 0:
+        return state
+    for _ in range(add):
         insort(log, now_ms)
     return tuple(log)
 

@@ -196,6 +196,47 @@ def debit(state: State | None, limit: Limit, now_ms: int, cost: int) -> State:
     return (cur, _trim(counts))
 
 
+def check_debt(limit: Limit, debt: int) -> None:
+    """The estimate may reach ``count + debt``: keep its arithmetic exact."""
+    total = (limit.count + debt) * limit.period_ms * (limit.buckets + 1)
+    check_exact(total, f"rate {limit.rate} + debt {debt}", NAME)
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation settled ``delta`` units from its estimate; its charge answered
+    ``charged_ms`` (the ``reset_ms`` of a bucket just counted in, which names that bucket).
+
+    ``delta < 0`` takes units back from that bucket while it is still in the estimate (never
+    from another: those are other requests'); ``delta > 0`` counts in the newest bucket, past
+    the limit while the estimate stays within ``count + debt``. Returns ``state`` itself when
+    nothing changes.
+    """
+    if delta == 0 or (state is None and delta < 0):
+        return state
+    n, p = limit.buckets, limit.period_ms
+    cur, elapsed, counts = _align(state, limit, now_ms)
+    if delta < 0:
+        for j in range(n + 1):  # the bucket whose reset is charged_ms, newest first
+            if -(-(cur - j + n + 1) * p // n) == charged_ms and counts[j]:
+                counts[j] -= min(-delta, counts[j])
+                return (cur, _trim(counts))
+        return state
+    room = ((limit.count + debt) * p - _used(counts, elapsed, limit)) // p
+    add = delta if delta <= room else max(room, 0)
+    if add == 0:
+        return state
+    counts[0] += add
+    return (cur, _trim(counts))
+
+
 def expires_ms(state: State, limit: Limit) -> int:
     """When the newest bucket leaves the estimate."""
     idx, _ = state

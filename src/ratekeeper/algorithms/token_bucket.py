@@ -107,3 +107,32 @@ def expires_ms(state: State, limit: Limit) -> int:
     """When the bucket is full again (a missing key means a full bucket)."""
     debt, updated = state
     return updated - (-debt // limit.count)  # ceil_div, inlined: runs on every admitted hit
+
+
+def check_debt(limit: Limit, debt: int) -> None:
+    """The bucket may go down to ``-debt`` tokens: keep ``(burst + debt) x period`` exact."""
+    check_exact((limit.capacity + debt) * limit.period_ms, f"burst + debt {debt}", NAME)
+
+
+def settle(
+    state: State | None,
+    limit: Limit,
+    now_ms: int,
+    delta: int,
+    since_ms: int,
+    charged_ms: int,
+    debt: int,
+) -> State | None:
+    """A reservation settled ``delta`` units from its estimate: tokens are alike, so a
+    negative ``delta`` is a refund now (never above ``burst``) and a positive one takes tokens
+    now, down to ``-debt`` (a debt the refill pays back before the next request passes).
+    Neither mark is needed. Returns ``state`` itself when nothing changes."""
+    if delta < 0:
+        return state if state is None else refund(state, limit, now_ms, -delta)
+    missing, updated = _debt(state, limit, now_ms)
+    period = limit.period_ms
+    most = (limit.capacity + debt) * period
+    new = missing + delta * period
+    if new > most:
+        new = most if missing < most else missing
+    return (new, updated) if new != missing else state

@@ -16,7 +16,8 @@ comes from ``RATEKEEPER["TRUSTED_PROXIES"]``, not DRF's ``NUM_PROXIES``.
 
 With ``ratekeeper``'s Django middleware installed, a throttle joins the request's admission:
 its decision adds the rate-limit headers to the response, and a request refused by any check
-charges none. The check of a throttle is named ``throttle:<scope>``.
+charges none. The check of a throttle is named ``throttle:<scope>`` (``throttle:<scope>@<rate>``
+for a second rate under one scope: a class that reads the rate otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 
+from ..decision import Decision
+from ..errors import ConfigError
 from ..middleware.checks import RateCheck
 from ..middleware.gate import SCOPE_KEY, Admission
 from ..middleware.request import RequestInfo
@@ -56,6 +59,9 @@ class RateThrottle:
     scope: str | None = None
     rate: str | None = None
     algorithm = "sliding_log"
+
+    decision: Decision | None = None
+    """The last call's decision (None before one, or when the check failed open)."""
 
     def __init__(self) -> None:
         if not getattr(self, "rate", None):
@@ -94,22 +100,38 @@ class RateThrottle:
         ident = self.get_cache_key(request, view)
         if ident is None:
             return True
+        return self.decide(request, view, str(ident), self.rate) is None
+
+    def decide(self, request: Any, view: Any, ident: str, rate: str) -> Rejection | None:
+        """Charge ``request`` under ``ident`` at ``rate`` (the throttle's check), in the
+        middleware's admission when it runs; the rejection, if any (``decision`` keeps the
+        decision either way, None if the check could not decide)."""
         django_request = request._request
         started = django_request.META.get(SCOPE_KEY)  # the middleware's admission
         limits = django_request.META[LIMITS_KEY] if started is not None else current()
         name = f"throttle:{self.scope or type(self).__name__}"
-        found = (name, self.rate, self.algorithm)
+        found = (name, rate, self.algorithm)
         position = limits.throttles.get(found)
         if position is None:
-            check = RateCheck(name, self.rate, key=_ident, algorithm=self.algorithm)
-            position = limits.throttles[found] = limits.gate.add(check)
+            check = RateCheck(name, rate, key=_ident, algorithm=self.algorithm)
+            try:
+                position = limits.gate.add(check)
+            except ConfigError:  # the scope's name serves another rate: this one gets its own
+                check = dataclasses.replace(check, name=f"{name}@{rate}")
+                position = limits.gate.add(check)
+            limits.throttles[found] = position
         base = limits.info(django_request)
-        info = dataclasses.replace(base, raw=_Call(request, view, str(ident)))
+        info = dataclasses.replace(base, raw=_Call(request, view, ident))
         adm = started or Admission(info)
+        best = adm.best
         self._rejection = limits.sync.admit(info, adm, (position,))
         if started is None:  # nothing to refund or release later: done now
             limits.sync.finish(adm, None)
-        return self._rejection is None
+        if self._rejection is not None:
+            self.decision = self._rejection.decision
+        else:  # this check's decision, if it became the admission's best
+            self.decision = adm.best[1] if adm.best is not best and adm.best else None
+        return self._rejection
 
     def wait(self) -> float | None:
         """Seconds until a refused request could pass (``Retry-After``); None if never."""

@@ -22,6 +22,7 @@ The settings are read by ``settings.read`` (see there for the table).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from flask import Flask, current_app, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import TooManyRequests
 
+from ..middleware.checks import Controls
 from ..middleware.gate import SCOPE_KEY
 from ..middleware.responses import Rejection
 from ..middleware.wsgi import WSGIRateLimitMiddleware
@@ -66,14 +68,20 @@ class RouteLimits(Shell):
     """Limits per route for Flask apps (see the module docstring and ``Shell`` for the options;
     one object can serve several apps). ``on_breach(rejection)`` returns anything a view may."""
 
-    def init_app(self, app: Flask) -> None:
-        """Read ``RATELIMIT_*`` from ``app.config``, wrap ``app.wsgi_app``, add the hook."""
-        options = self.resolve(read(app.config, "RATELIMIT_", f"Flask app {app.name!r} config"))
+    exception: type[RateLimited] = RateLimited
+    """What a rejection raises (a subclass of ``RateLimited``, built from the rejection)."""
+
+    def init_app(self, app: Flask, config: Mapping[str, Any] | None = None) -> None:
+        """Read ``RATELIMIT_*`` from ``app.config`` (or ``config``, read in its place), wrap
+        ``app.wsgi_app``, add the hook."""
+        where = f"Flask app {app.name!r} config"
+        options = self.resolve(read(app.config if config is None else config, "RATELIMIT_", where))
         middleware = WSGIRateLimitMiddleware(app.wsgi_app, **options.middleware)
         app.wsgi_app = middleware  # type: ignore[method-assign]  # Flask's documented way
         routes = Routes(
-            self.table, middleware.gate, options.default, options.key, options.algorithm
-        )
+            self.table, middleware.gate, options.default, options.key, options.algorithm,
+            options.application,
+        )  # fmt: skip
         app.extensions[EXTENSION] = _State(middleware, routes)
         app.before_request(self._before_request)
 
@@ -91,10 +99,20 @@ class RouteLimits(Shell):
             return None
         if self.on_breach is not None:
             return self.on_breach(rejection)  # type: ignore[no-any-return]  # a view's value
-        raise RateLimited(rejection)
+        raise self.exception(rejection)
 
     def stats(self, app: Flask | None = None) -> dict[str, Any]:
         """Counters per check, requests in flight and store failures of ``app`` (default:
         the current app)."""
-        state: _State = (app or current_app).extensions[EXTENSION]
-        return state.middleware.stats()
+        return self._state(app).middleware.stats()
+
+    def controls_of(self, app: Flask | None = None) -> Controls:
+        """The modes and counters of ``app`` (default: the current app): each app has its own
+        unless ``RouteLimits(controls=...)`` was given."""
+        return self._state(app).middleware.controls
+
+    def _state(self, app: Flask | None) -> _State:
+        found = (app or current_app).extensions.get(EXTENSION)
+        if not isinstance(found, _State):
+            raise RuntimeError("ratekeeper's RouteLimits has not been initialized on this app")
+        return found

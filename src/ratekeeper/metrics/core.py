@@ -204,6 +204,7 @@ class Metrics:
         self.refused = f[v.REFUSED.name]
         self.reloads = f[v.RELOADS.name]
         self.policies = f[v.POLICIES.name]
+        self.user_errors = f[v.USER_ERRORS.name]
         self.slices = f[v.SLICES.name]
         self.slice_units = f[v.SLICE_UNITS.name]
         self.false_rejections = f[v.FALSE_REJECTIONS.name]

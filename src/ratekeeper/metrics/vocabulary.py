@@ -8,8 +8,9 @@ Prometheus adds ``_total`` to counters, OpenTelemetry uses the base name as is.
 Label values are bounded: ``policy`` is a configured policy or check name (a library call is
 labelled by its rates, e.g. ``100/1m``), ``outcome`` one of ``OUTCOMES``, ``store``/``shard``
 /``kind`` come from the store configuration, ``shedder``/``tier`` from the shedder's settings,
-``reason``, ``result`` and ``event`` from fixed sets. As a safety net every metric keeps at most
-``max_series`` label sets; further ones are counted under the label value ``_other``.
+``reason``, ``result``, ``function`` (``FUNCTIONS``) and ``event`` from fixed sets. As a safety
+net every metric keeps at most ``max_series`` label sets; further ones are counted under the
+label value ``_other``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ RELOADS = MetricSpec(
     ("result",), "{reload}", recorded_by="service",
 )  # fmt: skip
 POLICIES = MetricSpec("ratekeeper_policies", "gauge", "Policies loaded.", recorded_by="service")
+USER_ERRORS = MetricSpec(
+    "ratekeeper_user_function_errors", "counter",
+    "Errors raised by the application's key, rate, cost, priority or charge functions.",
+    ("policy", "function"), "{error}", recorded_by="middleware",
+)  # fmt: skip
+
+FUNCTIONS = ("key", "rate", "cost", "priority", "charge_when")
+"""``ratekeeper_user_function_errors``'s ``function`` label: which of a check's functions raised."""
+
 SLICES = MetricSpec(
     "ratekeeper_slices", "counter",
     "Slices of a key's budget a process took from the store or gave back (LocalBudget).",
@@ -115,6 +125,7 @@ FAIL_LOCAL = MetricSpec(
 
 METRICS: tuple[MetricSpec, ...] = (
     DECISIONS, STORE_LATENCY, STORE_ERRORS, BREAKER_STATE, IN_FLIGHT, SHED_DROP,
-    BATCH_SIZE, REFUSED, RELOADS, POLICIES, SLICES, SLICE_UNITS, FALSE_REJECTIONS, FAIL_LOCAL,
+    BATCH_SIZE, REFUSED, RELOADS, POLICIES, USER_ERRORS, SLICES, SLICE_UNITS, FALSE_REJECTIONS,
+    FAIL_LOCAL,
 )  # fmt: skip
 """Every metric ratekeeper records."""

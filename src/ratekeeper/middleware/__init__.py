@@ -7,10 +7,13 @@
 What belongs where:
 
 - ``checks``: the check configurations and ``Controls`` (modes, counters, Redis flags);
+- ``costs``: what a settling check charges once the response has ended (a response header,
+  the app's reported cost, body bytes), and ``report`` for the app to say it;
 - ``request``: ``RequestInfo`` from a scope or environ, key functions, priorities, path matching
   (also importable as ``ratekeeper.middleware.keys``);
 - ``responses``: rejection bodies and headers, pure;
-- ``gate``: the admission rules, written once as generators of store operations;
+- ``gate``: the admission rules, written once as generators of store operations (``ops``);
+  ``nested_checks``: a ``NestedCheck``'s step and how reservations end;
 - ``runner``: those operations carried out on sync or async limiters (``Runner``,
   ``AsyncRunner``), for the middleware and the framework integrations;
 - ``asgi`` / ``wsgi``: the two middleware, a screenful of I/O each.
@@ -18,12 +21,15 @@ What belongs where:
 No web framework is imported here or anywhere in ratekeeper's middleware.
 """
 
+from . import costs as costs
 from . import request as keys
 from .asgi import RateLimitMiddleware as RateLimitMiddleware
 from .checks import AdmissionCheck as AdmissionCheck
+from .checks import CheckLevel as CheckLevel
 from .checks import ConcurrencyCheck as ConcurrencyCheck
 from .checks import Controls as Controls
 from .checks import FleetCheck as FleetCheck
+from .checks import NestedCheck as NestedCheck
 from .checks import RateCheck as RateCheck
 from .checks import WorkerCheck as WorkerCheck
 from .checks import redis_flags as redis_flags
@@ -34,15 +40,18 @@ from .wsgi import WSGIRateLimitMiddleware as WSGIRateLimitMiddleware
 
 __all__ = [
     "AdmissionCheck",
+    "CheckLevel",
     "ConcurrencyCheck",
     "Controls",
     "FleetCheck",
+    "NestedCheck",
     "RateCheck",
     "RateLimitMiddleware",
     "Rejection",
     "RequestInfo",
     "WSGIRateLimitMiddleware",
     "WorkerCheck",
+    "costs",
     "keys",
     "priorities",
     "redis_flags",

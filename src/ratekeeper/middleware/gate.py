@@ -14,14 +14,30 @@ Rules:
   request through that check, counted as ``failed_open`` and logged once per ``log_interval``;
   the first store failure of the process is logged at ERROR, naming the store's address
   (``store_label``, never a password);
+- an error in one of the application's functions — a check's key, rate or cost function, the
+  priority function, a ``charge_when`` — is a bug, not an outage: the first from each function
+  is logged at ERROR with its traceback, every one is counted (``user_errors``, and
+  ``ratekeeper_user_function_errors`` with ``metrics``), and the request goes through that
+  check as for any error; with ``on_error="raise"`` (for tests) the exception is raised out of
+  the middleware instead. A rate function that returns something that is not a rate, or a cost
+  function something that is not a whole number >= 1, has erred too;
 - the first enforced rejection stops the walk; charges already made are refunded and leases
   released, so a rejected request consumes nothing;
-- an allowed response carries the headers of the enforced rate decision with least remaining;
+- an allowed response carries the headers of the enforced rate decision with least remaining
+  (a ``NestedCheck``'s: its deciding level's), and a ``ConcurrencyCheck``'s quota as
+  ``RateLimit-Policy``/``RateLimit`` items in ``qu="concurrent-requests"``;
+- a ``NestedCheck`` charges all its levels or none (``hit``-like ``nest`` operations); one
+  with ``actual`` reserves its estimate (``reserve``) and ``settle`` ends it with the actual
+  cost once the response has ended (``settle`` may run before ``finish``: the ASGI middleware
+  settles on the last body chunk); a refund of a nested charge is ``unnest``, of a
+  reservation ``cancel``;
 - a charge stays only if the check's ``charge_when`` (else the gate's) says so for the
   response's status; by default every status but those in ``refund_statuses`` (304) is charged;
 - the checks given to the constructor run for every request; checks registered later with
   ``add`` (a framework's per-route limits) run only where a caller names their positions, in
-  the same admission, so one request has one set of headers and one rule for giving back.
+  the same admission, so one request has one set of headers and one rule for giving back; a
+  position named again for the same admission is walked once (``Admission.walked``), whoever
+  names it (a route's step, an endpoint's guard, a decorator's wrapper).
 - an ``AdmissionCheck`` takes a slot (``enter``: the runner may wait in its queue) and the
   request gives it back first when it ends (``leave``); a ``WorkerCheck`` without a shedder
   gets one on its server type's signal (``asgi``);
@@ -38,16 +54,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
 from ..concurrency import Lease
-from ..decision import Decision
+from ..decision import Decision, ascii_name
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
+from ..nested import NestedDecision
+from ..rates import to_rates
+from ..reservations import Reservation
 from ..shedding import ShedderSettings, WorkerUtilizationShedder
 from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
@@ -58,13 +76,22 @@ from .checks import (
     ConcurrencyCheck,
     Controls,
     FleetCheck,
+    NestedCheck,
     RateCheck,
     WorkerCheck,
 )
+from .costs import Usage
+from .nested_checks import nested_walk, settle_ops
+from .ops import Degraded, Flow, unwrap
+from .ops import Failure as Failure
+from .ops import Op as Op
+from .ops import run as run
+from .ops import run_async as run_async
 from .request import PathMatcher, PriorityFunc, RequestInfo, priorities
 from .responses import (
     Headers,
     Rejection,
+    concurrency_headers,
     concurrency_rejection,
     decision_headers,
     rate_rejection,
@@ -77,7 +104,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ratekeeper")
 
-Kind = Literal["hit", "refund", "acquire", "admit", "release", "enter", "leave"]
 OUTCOME = {
     "allowed": "allowed",
     "rejected": "rejected",
@@ -88,31 +114,35 @@ OUTCOME = {
 """A ``Controls`` counter -> its ``ratekeeper_decisions`` outcome."""
 
 
-class Op(NamedTuple):
-    """One store operation for the check at ``position`` (a tuple: built on every request).
-
-    ``rate`` is the rate a ``hit`` is charged under (the check's, or the one its rate function
-    gave for this request); the refund of that hit carries it too. An ``AdmissionCheck``'s
-    ``enter`` carries the tier in ``key`` (``wait`` False in shadow mode) and gets a ``Ticket``
-    or None back; its ``leave`` carries the ``ticket``.
-    """
-
-    kind: Kind
-    position: int
-    key: str = ""
-    cost: int = 1
-    critical: bool = False
-    lease: Lease | None = None
-    rate: Any = None
-    wait: bool = True
-    ticket: Ticket | None = None
+ON_ERROR = ("open", "raise")
+"""What an error in the application's functions does: let the request through (counted,
+logged once per function), or raise out of the middleware (tests)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What the executor sends back when an operation raised."""
+class UserFunctionError(Exception):
+    """One of the application's functions (``kind``: one of ``metrics.vocabulary.FUNCTIONS``)
+    raised ``__cause__``, or returned ``value`` that is no key, rate or cost."""
 
-    exc: Exception
+    def __init__(self, function: object, kind: str, exc: Exception) -> None:
+        super().__init__(f"the {kind} function {function!r} raised {exc!r}")
+        self.function = function
+        self.kind = kind
+        self.exc = exc
+
+
+def check_on_error(on_error: object, where: str = "on_error") -> str:
+    """``on_error`` is ``"open"`` or ``"raise"``."""
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"{where}={on_error!r} is invalid; expected 'open' or 'raise'")
+    return str(on_error)
+
+
+def call(function: Callable[[Any], Any], arg: Any, kind: str) -> Any:
+    """``function(arg)``; an exception from it is a ``UserFunctionError``."""
+    try:
+        return function(arg)
+    except Exception as exc:
+        raise UserFunctionError(function, kind, exc) from exc
 
 
 SCOPE_KEY = "ratekeeper.admission"
@@ -126,52 +156,79 @@ class Admission:
     __slots__ = (
         "aborted",
         "best",
+        "busy",
         "charged",
         "done",
         "entered",
-        "headers",
         "key",
         "leases",
         "rejection",
         "request",
+        "settled",
         "tickets",
         "tier",
+        "usage",
+        "walked",
     )
 
-    def __init__(self, request: RequestInfo | None = None) -> None:
+    def __init__(self, request: RequestInfo | None = None, usage: Usage | None = None) -> None:
         self.request = request
+        self.usage = usage
+        """What the request used (bytes, reported cost): what a settling check charges."""
         self.tier: str | None = None
-        self.best: tuple[str, Decision] | None = None
+        self.best: tuple[str, Decision, str | None, str] | None = None
+        """(the check's name, the decision, its quota unit, its item name in headers)."""
+        self.busy: list[tuple[str, int, int]] | None = None
+        """Concurrency checks passed: (name, capacity, requests in progress)."""
+        self.settled = False
         self.charged: list[Op] = []
         self.leases: list[tuple[int, Lease]] = []
         self.tickets: list[tuple[int, Ticket]] = []
-        self.headers: Headers = ()
         self.rejection: Rejection | None = None
         self.entered = False
         self.done = False
         self.aborted = False
         self.key: str | None = None
         """The caller key of the check being walked (for the top-keys sketch)."""
+        self.walked: set[int] | None = None
+        """Positions walked by name (``admit(..., positions)``): each is walked once."""
 
 
 _BODY_HEADERS = frozenset({"Content-Type", "Content-Length"})
 
 
 def added_headers(adm: Admission) -> Headers:
-    """The headers a middleware adds to the app's response: the admission's; or, when a route's
-    limit rejected the request and the app answered it (a framework's error handler shapes the
-    429), the rejection's rate-limit headers, so every 429 carries them whoever wrote it."""
+    """The headers a middleware adds to the app's response: those of the enforced rate decision
+    with least remaining; or, when a route's limit rejected the request and the app answered it
+    (a framework's error handler shapes the 429), the rejection's rate-limit headers, so every
+    429 carries them whoever wrote it."""
     rejection = adm.rejection
     if rejection is None:
-        return adm.headers
+        best = adm.best
+        headers = () if best is None else decision_headers(*best)
+        return concurrency_headers(headers, adm.busy) if adm.busy else headers
     return tuple(h for h in rejection.headers if h[0] not in _BODY_HEADERS)
 
 
-class _Degraded(Exception):
-    """A check answered without its store (it already logged): count as failed open."""
+_RESOURCE = b"x-ratelimit-resource"
+_RESOURCES: dict[str, bytes] = {}
 
 
-Flow = Generator[Op, Any, None]
+def added_header_lines(adm: Admission) -> list[tuple[bytes, bytes]]:
+    """``added_headers`` as an ASGI server sends them (lower-case names, bytes), built from the
+    decision without ``str`` headers in between."""
+    best = adm.best
+    if adm.rejection is not None or best is None or adm.busy:
+        return [(n.lower().encode(), v.encode("latin-1")) for n, v in added_headers(adm)]
+    name, decision, unit, item = best
+    resource = _RESOURCES.get(name)
+    if resource is None:
+        if len(_RESOURCES) >= 4096:
+            _RESOURCES.clear()
+        resource = _RESOURCES[name] = ascii_name(name).encode()
+    lines = decision.header_lines(item, unit)
+    lines.append((_RESOURCE, resource))
+    return lines
 
 
 class Gate:
@@ -190,6 +247,7 @@ class Gate:
         metrics: Metrics | None = None,
         *,
         asgi: bool = False,
+        on_error: str = "open",
         quotas: Quotas | None = None,
         problem_details: bool = False,
     ) -> None:
@@ -213,6 +271,13 @@ class Gate:
                 "status returning True to charge"
             )
         self.charge_when = charge_when
+        self.on_error = check_on_error(on_error)
+        self.user_errors: dict[tuple[str, str], int] = {}
+        """Errors of the application's functions by (check name, function kind)."""
+        self._reported: set[int] = set()
+        """``id`` of each function whose first error was logged (with the function kept in
+        ``_reported_functions``, so an id is never reused while it is here)."""
+        self._reported_functions: list[object] = []
         self.clock = clock
         self.log_interval = log_interval
         self.in_flight = 0
@@ -227,6 +292,10 @@ class Gate:
         """The plans ``"plan:<limit>"`` rates name (the runners' limiters resolve them)."""
         self.problem_details = bool(problem_details)
         """Rate rejections as problem details (``quota-exceeded``) even when not asked."""
+        self.settling = False
+        """Whether a check settles after the response (a ``NestedCheck`` with ``actual``): the
+        middleware then keeps each request's ``costs.Usage``. Set by ``add``, and by a
+        framework integration as soon as a route may get such a check (``routes``)."""
         for c in checks:
             self.add(c)
         self.every: tuple[int, ...] = tuple(range(len(self.checks)))
@@ -254,8 +323,8 @@ class Gate:
         (a limit shared by several routes), another check under a name in use is an error."""
         if not isinstance(check, CHECK_TYPES):
             raise ConfigError(
-                f"check {check!r} is invalid; expected RateCheck, ConcurrencyCheck, "
-                "FleetCheck, WorkerCheck or AdmissionCheck"
+                f"check {check!r} is invalid; expected RateCheck, NestedCheck, "
+                "ConcurrencyCheck, FleetCheck, WorkerCheck or AdmissionCheck"
             )
         with self._lock:
             for position, known in enumerate(self.checks):
@@ -267,6 +336,8 @@ class Gate:
                         "each check needs its own name"
                     )
             position = len(self.checks)
+            if isinstance(check, NestedCheck) and check.actual is not None:
+                self.settling = True
             if isinstance(check, RateCheck) and check.plan_limit:
                 if self.quotas is None:
                     raise ConfigError(
@@ -311,8 +382,10 @@ class Gate:
             return False
         if not adm.entered:
             adm.entered = True
-            with self._lock:
-                self.in_flight += 1
+            lock = self._lock
+            lock.acquire()  # not ``with``: cheaper, and every request starts here
+            self.in_flight += 1
+            lock.release()
         return True
 
     def admit(
@@ -323,6 +396,13 @@ class Gate:
         checks), it goes on where the first walk left off (see the module docstring)."""
         if not self.enter(request, adm):
             return
+        if positions is not None:  # a route's: each position once per request, whoever walks
+            walked = adm.walked
+            if walked is None:
+                walked = adm.walked = set(positions)
+            else:
+                positions = [p for p in positions if p not in walked]
+                walked.update(positions)
         controls = self.controls
         checks = self.checks
         for index in self.every if positions is None else positions:
@@ -334,7 +414,16 @@ class Gate:
                 continue
             adm.key = None
             try:
-                verdict = yield from self._check(index, check, request, adm, mode)
+                if type(check) is RateCheck:  # the usual check, without a generator of its own
+                    op = self.rate_op(index, check, request, adm)
+                    if op is None:
+                        continue
+                    verdict = self._rated(check, adm, op, unwrap((yield op)), mode, request)
+                else:
+                    verdict = yield from self._check(index, check, request, adm, mode)
+            except UserFunctionError as err:
+                self.user_failed(name, err)
+                continue
             except Exception as exc:
                 self.failed_open(name, exc)
                 continue
@@ -348,63 +437,132 @@ class Gate:
                 self.count(name, "rejected", adm.key)
                 adm.rejection = verdict
                 return
-        if adm.best is not None:
-            adm.headers = decision_headers(*adm.best)
 
     def _check(
         self, index: int, check: Check, request: RequestInfo, adm: Admission, mode: str
     ) -> Generator[Op, Any, Rejection | bool]:
         """One check: True if allowed, False if it does not apply, else the rejection."""
-        if isinstance(check, RateCheck | ConcurrencyCheck):
+        if isinstance(check, NestedCheck):
+            result = yield from nested_walk(index, check, request, adm, mode, self.problem_details)
+            return result
+        if isinstance(check, ConcurrencyCheck):
             if not check.where.applies(request):
                 return False
-            key = check.key(request)
+            key = call(check.key, request, "key")
             if key is None:
                 return False
             adm.key = key
-            if isinstance(check, ConcurrencyCheck):
-                key = f"{check.name}:{key}"
-                lease = _unwrap((yield Op("acquire", index, key)))
-                return self._keep(adm, index, lease) or concurrency_rejection(
-                    check.name, check.capacity
-                )
-            rate = check.rate_of(request)
-            if rate is None:
-                return False
-            plan = type(rate) is str and rate[:5] == "plan:"  # a plan's limit: the tenant's key
-            if not plan:
-                key = f"{check.name}:{key}"
-            op = Op("hit", index, key, check.cost_of(request), rate=rate)
-            decision: Decision = _unwrap((yield op))
-            if decision.degraded:
-                raise _Degraded
-            if not decision.allowed:
-                status = check.status
-                if plan and self.quotas is not None:
-                    status = self.quotas.status_of(key, str(rate)[5:], status)
-                problem = self.problem_details or wants_problem(request.header("accept"))
-                return rate_rejection(check.name, decision, status, problem)
-            adm.charged.append(op)
-            if mode == "enforce" and (
-                adm.best is None or decision.remaining < adm.best[1].remaining
-            ):
-                adm.best = (check.name, decision)
+            lease, busy = unwrap((yield Op("acquire", index, f"{check.name}:{key}")))
+            if not self._keep(adm, index, lease):
+                return concurrency_rejection(check.name, check.capacity)
+            if mode == "enforce" and busy is not None:
+                adm.busy = [*(adm.busy or ()), (check.name, check.capacity, busy)]
             return True
+        if isinstance(check, RateCheck):
+            op = self.rate_op(index, check, request, adm)
+            if op is None:
+                return False
+            return self._rated(check, adm, op, unwrap((yield op)), mode, request)
         if adm.tier is None:
-            adm.tier = self.priority(request)
+            adm.tier = call(self.priority, request, "priority")
         if isinstance(check, FleetCheck):
             critical = adm.tier == check.critical_tier
-            lease = _unwrap((yield Op("admit", index, critical=critical)))
+            lease = unwrap((yield Op("admit", index, critical=critical)))
             return self._keep(adm, index, lease) or shed_rejection(
                 check.name, check.retry_after, check.capacity
             )
         if isinstance(check, AdmissionCheck):
-            ticket = _unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
+            ticket = unwrap((yield Op("enter", index, adm.tier, wait=mode == "enforce")))
             if ticket is None:
                 return self._shed[index]
             adm.tickets.append((index, ticket))
             return True
         return self._worker(index, check, request, adm.tier)
+
+    def _rated(
+        self,
+        check: RateCheck,
+        adm: Admission,
+        op: Op,
+        decision: Decision,
+        mode: str,
+        request: RequestInfo,
+    ) -> Rejection | bool:
+        """A rate check's verdict on its decision: True (charged), or the rejection."""
+        if decision.degraded:
+            raise Degraded
+        if not decision.allowed:
+            return self._rate_rejection(check, op, decision, request)
+        adm.charged.append(op)
+        if mode == "enforce":
+            best = adm.best
+            if best is None or decision.remaining < best[1].remaining:
+                adm.best = (check.name, decision, check.qu, check.name)
+        return True
+
+    def _rate_rejection(
+        self, check: RateCheck, op: Op, decision: Decision, request: RequestInfo
+    ) -> Rejection:
+        """The answer to a rate check's refusal: 429, or 403 where the check or the tenant's
+        plan says so (an exhausted quota); problem details when configured or asked for."""
+        status = check.status
+        rate = op.rate
+        if self.quotas is not None and type(rate) is str and rate[:5] == "plan:":
+            status = self.quotas.status_of(op.key, rate[5:], status)
+        problem = self.problem_details or wants_problem(request.header("accept"))
+        return rate_rejection(
+            check.name, decision, status, problem, unit=check.qu, own=check.message
+        )
+
+    def rate_op(
+        self, index: int, check: RateCheck, request: RequestInfo, adm: Admission | None = None
+    ) -> Op | None:
+        """The ``hit`` the rate check at ``index`` charges ``request`` with; None where it does
+        not apply (a route or method it does not cover, a key or rate of None). Its key is
+        ``<check>:<key>``, or the caller's key itself for a plan's limit (the tenant's, whose
+        counters the limit's name owns); the caller's key is left in ``adm.key``. The check's
+        functions are called here: one that raises, or returns what is no rate (nor a limit of
+        the plans) or cost, raises ``UserFunctionError``."""
+        if not check.where.everywhere and not check.where.applies(request):
+            return None
+        try:
+            key = check.key(request)
+        except Exception as exc:
+            raise UserFunctionError(check.key, "key", exc) from exc
+        if key is None:
+            return None
+        if adm is not None:
+            adm.key = key
+        rate = check.rate
+        if callable(rate):
+            rate = call(rate, request, "rate")
+            if rate is None:
+                return None
+            try:
+                self.check_rate(rate)
+            except Exception as exc:
+                raise UserFunctionError(check.rate, "rate", exc) from exc
+        cost = check.cost
+        if callable(cost):
+            cost = call(cost, request, "cost")
+            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+                error = ConfigError(f"cost {cost!r} is invalid; expected a whole number >= 1")
+                raise UserFunctionError(check.cost, "cost", error) from error
+        if type(rate) is str and rate[:5] == "plan:":  # a plan's limit: the tenant's key
+            return Op("hit", index, key, cost, rate=rate)
+        return Op("hit", index, f"{check.name}:{key}", cost, rate=rate)
+
+    def check_rate(self, rate: object) -> None:
+        """A rate function's answer is a rate, or a plan's limit the middleware's plans name."""
+        if type(rate) is str and rate[:5] == "plan:":
+            if self.quotas is None:
+                raise ConfigError(
+                    f"rate {rate!r} is a plan's limit, but the middleware has no plans; "
+                    "give it quotas=Quotas(plans, ...)"
+                )
+            self.quotas.limit_name(rate)  # an unknown limit: refused, named
+        else:
+            to_rates(rate)  # type: ignore[arg-type]  # refused unless a rate
 
     @staticmethod
     def _keep(adm: Admission, index: int, lease: Lease | None) -> bool:
@@ -412,7 +570,7 @@ class Gate:
         if lease is None:
             return False
         if lease.degraded:
-            raise _Degraded
+            raise Degraded
         adm.leases.append((index, lease))
         return True
 
@@ -441,19 +599,32 @@ class Gate:
             return []
         adm.done = True
         if adm.entered:
-            with self._lock:
-                self.in_flight -= 1
-        ops = [Op("leave", index, ticket=ticket) for index, ticket in adm.tickets]
+            lock = self._lock
+            lock.acquire()  # not ``with``: cheaper, and every request ends here
+            self.in_flight -= 1
+            lock.release()
+        ops: list[Op] = []
+        for index, ticket in adm.tickets:
+            ops.append(Op("leave", index, ticket=ticket))
+        if self.settling:  # only a settling check makes reservations
+            ops += self.settle(adm, status)
         if adm.charged:
             if adm.rejection is not None or adm.aborted:
-                ops += [op._replace(kind="refund") for op in adm.charged]
+                for op in adm.charged:
+                    ops.append(_undo(op))
             elif status is not None:
-                ops += [
-                    op._replace(kind="refund") for op in adm.charged if not self._keeps(op, status)
-                ]
+                for op in adm.charged:
+                    if not self._keeps(op, status):
+                        ops.append(_undo(op))
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
         return ops
+
+    def settle(self, adm: Admission, status: int | None) -> list[Op]:
+        """The ``settle`` (or ``cancel``) of each reservation the request holds, once
+        (``nested_checks.settle_ops``): by ``finish``, or earlier by a middleware that saw the
+        response end."""
+        return settle_ops(self, adm, status)
 
     def _keeps(self, op: Op, status: int) -> bool:
         """Whether the charge ``op`` stands for a response with ``status``."""
@@ -467,9 +638,9 @@ class Gate:
         if predicate is None:
             return status not in self.refund_statuses
         try:
-            return bool(predicate(status))
-        except Exception as exc:  # the response is sent: keep the charge, say why once
-            self.failed_open(check.name, exc, count=False)
+            return bool(call(predicate, status, "charge_when"))
+        except UserFunctionError as err:  # the response is sent: keep the charge
+            self.user_failed(check.name, err, count=False)
             return True
 
     def abort(self, adm: Admission, op: Op | None = None, result: Any = None) -> list[Op]:
@@ -477,9 +648,16 @@ class Gate:
         call that was in flight and ``result`` what it returned (a ``Failure``, or None if
         unknown): a charge, lease or admission ticket it granted is given back too."""
         if op is not None and result is not None and not isinstance(result, Failure):
-            if op.kind == "hit" and isinstance(result, Decision):
+            if op.kind == "acquire" and isinstance(result, tuple):  # (lease, in progress)
+                result = result[0]
+            if (op.kind == "hit" and isinstance(result, Decision)) or (
+                op.kind == "nest" and isinstance(result, NestedDecision)
+            ):
                 if result.allowed and not result.degraded:
                     adm.charged.append(op)
+            elif op.kind == "reserve" and isinstance(result, Reservation):
+                if result.allowed and not result.degraded:
+                    adm.charged.append(op._replace(reservation=result))
             elif isinstance(result, Lease) and not result.degraded:  # acquire, admit
                 adm.leases.append((op.position, result))
             elif isinstance(result, Ticket):  # enter
@@ -496,6 +674,44 @@ class Gate:
             out[self.checks[i].name] = core.stats()
         return out
 
+    def user_failed(self, name: str, err: UserFunctionError, count: bool = True) -> None:
+        """An application function of check ``name`` erred: count it (and the check as failed
+        open), log the first error of each function at ERROR with its traceback, and raise the
+        function's exception when ``on_error`` is ``"raise"``."""
+        if count:
+            self.count(name, "failed_open")
+        with self._lock:
+            found = (name, err.kind)
+            self.user_errors[found] = self.user_errors.get(found, 0) + 1
+            first = id(err.function) not in self._reported
+            if first:
+                self._reported.add(id(err.function))
+                self._reported_functions.append(err.function)
+        if self.metrics is not None:
+            self.metrics.user_errors.labels(name, err.kind).inc()
+        if first:
+            log.error(
+                "ratekeeper check %r: its %s function %r raised %s: %s; requests go through "
+                "this check unchecked until it is fixed (counted in user_errors; logged once "
+                "per function)",
+                name,
+                err.kind,
+                err.function,
+                type(err.exc).__name__,
+                err.exc,
+                exc_info=err.exc,
+            )
+        if self.on_error == "raise":
+            raise err.exc
+
+    def user_error_stats(self) -> dict[str, dict[str, int]]:
+        """Errors of the application's functions per check and function kind."""
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for (name, kind), n in self.user_errors.items():
+                out.setdefault(name, {})[kind] = n
+        return out
+
     def finish_failed(self, op: Op, exc: Exception) -> None:
         """Log a failed refund or release (the request has already been answered)."""
         self.failed_open(self.checks[op.position].name, exc, count=False)
@@ -504,16 +720,16 @@ class Gate:
         """Count a failure and log it at most once per ``log_interval`` seconds."""
         if count:
             self.count(name, "failed_open")
-        if not self._store_reported and isinstance(exc, _Degraded | StoreUnavailable):
+        if not self._store_reported and isinstance(exc, Degraded | StoreUnavailable):
             self._store_reported = True
             log.error(
                 "ratekeeper check %r: store %s does not answer (%s); requests go through "
                 "unchecked (fail open) until it does, later failures are logged as warnings",
                 name,
                 self.store_label,
-                "a degraded answer" if isinstance(exc, _Degraded) else exc,
+                "a degraded answer" if isinstance(exc, Degraded) else exc,
             )
-        if isinstance(exc, _Degraded):
+        if isinstance(exc, Degraded):
             return
         self._unlogged += 1
         now = self.clock()
@@ -539,35 +755,6 @@ def arrival(request: RequestInfo) -> float | None:
     return None if stamp is None else parse_request_start(stamp)
 
 
-def _unwrap(result: Any) -> Any:
-    if isinstance(result, Failure):
-        raise result.exc
-    return result
-
-
-def run(flow: Flow, execute: Callable[[Op], Any]) -> None:
-    """Drive a gate flow with a sync executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return
-
-
-async def run_async(flow: Flow, execute: Callable[[Op], Awaitable[Any]]) -> None:
-    """Drive a gate flow with an async executor."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = await execute(op)
-            except Exception as exc:
-                result = Failure(exc)
-            op = flow.send(result)
-    except StopIteration:
-        return
+def _undo(op: Op) -> Op:
+    """The operation giving back what ``op`` charged."""
+    return op._replace(kind="unnest" if op.kind == "nest" else "refund")

@@ -53,6 +53,21 @@ KeyFunc = Callable[[RequestInfo], str | None]
 PriorityFunc = Callable[[RequestInfo], str]
 
 
+class _RequestFields:
+    """``RequestInfo``'s slots, writable: ``from_scope`` fills one and turns it into a
+    ``RequestInfo`` (a frozen dataclass's ``__init__`` costs more than the rest of building
+    it; see ``decision._DecisionFields``)."""
+
+    __slots__ = RequestInfo.__slots__
+    method: str
+    path: str
+    peer: str | None
+    user: str | None
+    header: Callable[[str], str | None]
+    raw: Any
+    trusted: tuple[Network, ...]
+
+
 def from_scope(scope: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo:
     """A ``RequestInfo`` for an ASGI HTTP scope."""
     raw_headers = scope.get("headers") or ()
@@ -63,15 +78,17 @@ def from_scope(scope: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo:
         return ", ".join(found) if found else None
 
     client = scope.get("client")
-    return RequestInfo(
-        scope.get("method", "GET"),
-        scope.get("path", "/"),
-        client[0] if client else None,
-        _user_name(scope.get("user")),
-        header,
-        scope,
-        trusted,
-    )
+    info = _RequestFields()
+    info.method = scope.get("method", "GET")
+    info.path = scope.get("path", "/")
+    info.peer = client[0] if client else None
+    user = scope.get("user")
+    info.user = None if user is None else _user_name(user)
+    info.header = header
+    info.raw = scope
+    info.trusted = trusted
+    info.__class__ = RequestInfo  # type: ignore[assignment]  # same slots: see _RequestFields
+    return info  # type: ignore[return-value]  # a RequestInfo now
 
 
 def from_environ(environ: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo:
@@ -94,6 +111,11 @@ def from_environ(environ: Any, trusted: tuple[Network, ...] = ()) -> RequestInfo
         environ,
         trusted,
     )
+
+
+def user_of(scope: Any) -> str | None:
+    """The authenticated user's name in an ASGI scope (``scope["user"]``), if any."""
+    return _user_name(scope.get("user"))
 
 
 def _user_name(user: Any) -> str | None:
@@ -153,7 +175,9 @@ def resolve_client(request: RequestInfo, networks: tuple[Network, ...]) -> str:
     if not networks:
         if not peer or peer[0] == "/":
             return UNIX_PEER
-        if ("." in peer and ":" in peer) or peer[:2] == "[:" or peer[:7].lower() == "::ffff:":
+        if ":" not in peer:  # an IPv4 address: the usual case, as it is
+            return peer
+        if "." in peer or peer[:2] == "[:" or peer[:7].lower() == "::ffff:":
             ip = _parse_ip(peer)  # a port, brackets or a mapped address: the bare IP
             return peer if ip is None else str(ip)
         return peer

@@ -36,6 +36,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..decision import Decision, ascii_name
 
@@ -44,13 +45,17 @@ Headers = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A response to send instead of calling the app."""
+    """A response to send instead of calling the app; a rate rejection keeps its ``decision``
+    (the refusing rate, ``retry_after``, ...) for whoever shapes the answer."""
 
     check: str
     error: str
     status: int
     headers: Headers
     body: bytes
+    decision: Decision | None = None
+    message: str | None = None
+    """The check's own message (``RateCheck(message=...)``), when it has one."""
 
     @property
     def status_line(self) -> str:
@@ -68,9 +73,36 @@ STATUS_LINES = {
 }
 
 
-def decision_headers(check: str, decision: Decision) -> Headers:
-    """The decision's rate-limit headers plus ``X-RateLimit-Resource``."""
-    return (*decision.headers(check).items(), ("X-RateLimit-Resource", ascii_name(check)))
+def decision_headers(
+    check: str, decision: Decision, unit: str | None = None, item: str | None = None
+) -> Headers:
+    """The decision's rate-limit headers plus ``X-RateLimit-Resource``: named ``item`` in the
+    IETF fields (default: the check's name; a nested check's level), in quota ``unit``."""
+    resource = ("X-RateLimit-Resource", ascii_name(check))
+    return (*decision.headers(item or check, unit).items(), resource)
+
+
+def concurrency_headers(headers: Headers, busy: list[tuple[str, int, int]]) -> Headers:
+    """``headers`` with each concurrency check's quota added to the IETF fields (items in
+    ``qu="concurrent-requests"``, no window): ``busy`` is (name, capacity, in progress)."""
+    policy = [_concurrency_policy(n, cap) for n, cap, _ in busy]
+    limit = [f"{_item(n)};r={max(0, cap - used)}" for n, cap, used in busy]
+    out = dict(headers)
+    for field, items in (("RateLimit-Policy", policy), ("RateLimit", limit)):
+        out[field] = ", ".join([out[field], *items] if field in out else items)
+    return tuple(out.items())
+
+
+@lru_cache(maxsize=1024)
+def _concurrency_policy(name: str, capacity: int) -> str:
+    """A concurrency check's ``RateLimit-Policy`` item (built once per check)."""
+    return f'{_item(name)};q={capacity};qu="concurrent-requests"'
+
+
+@lru_cache(maxsize=1024)
+def _item(name: str) -> str:
+    """A name as a structured-field String (``Decision``'s rule)."""
+    return '"' + ascii_name(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _seconds(value: float) -> int | None:
@@ -108,6 +140,8 @@ def _build(
     status: int,
     headers: Headers,
     body: Mapping[str, object],
+    decision: Decision | None = None,
+    message: str | None = None,
     content_type: str = "application/json",
 ) -> Rejection:
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -121,14 +155,24 @@ def _build(
             ("Content-Length", str(len(data))),
         ),
         data,
+        decision,
+        message,
     )
 
 
 def rate_rejection(
-    check: str, decision: Decision, status: int = 429, problem: bool = False
+    check: str,
+    decision: Decision,
+    status: int = 429,
+    problem: bool = False,
+    item: str | None = None,
+    unit: str | None = None,
+    own: str | None = None,
 ) -> Rejection:
     """429 (or ``status`` 403) for a request rate over ``decision.rate``; with ``problem``,
-    the draft's ``quota-exceeded`` problem details (module docstring)."""
+    the draft's ``quota-exceeded`` problem details (module docstring). ``item``: the nested
+    check's level that rejected, as headers name it; ``unit``: the quota unit of rates that
+    state none (``Decision.headers``); ``own`` replaces the body's message."""
     retry = _seconds(decision.retry_after)
     rate = decision.rate
     if retry is None:
@@ -140,7 +184,8 @@ def rate_rejection(
             f"You have exceeded a secondary rate limit: this request needs more than the "
             f"{decision.remaining} left. {advice}"
         )
-    message = f"Rate limit {check!r} ({rate.code}) exceeded. {advice}"
+    where = f"{check!r} ({rate.code})" if item is None else f"{item!r} ({rate.code})"
+    message = f"Rate limit {where} exceeded. {advice}" if own is None else own
     body: dict[str, object] = {
         "error": "rate_limited",
         "limit": decision.limit,
@@ -148,18 +193,20 @@ def rate_rejection(
         "policy": check,
         "message": message,
     }
-    headers = decision_headers(check, decision)
+    if item is not None:
+        body["level"] = item
+    headers = decision_headers(check, decision, unit, item)
     if not problem:
-        return _build(check, "rate_limited", status, headers, body)
+        return _build(check, "rate_limited", status, headers, body, decision, own)
     body = {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_EXCEEDED_TITLE,
         "status": status,
         "detail": message,
-        "violated-policies": [ascii_name(check)],
+        "violated-policies": [ascii_name(item or check)],
         **body,
     }
-    return _build(check, "rate_limited", status, headers, body, PROBLEM_JSON)
+    return _build(check, "rate_limited", status, headers, body, decision, own, PROBLEM_JSON)
 
 
 def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Rejection:
@@ -175,7 +222,10 @@ def concurrency_rejection(check: str, capacity: int, retry_after: int = 1) -> Re
         "policy": check,
         "message": message,
     }
-    headers = (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check)))
+    headers = concurrency_headers(
+        (("Retry-After", str(retry_after)), ("X-RateLimit-Resource", ascii_name(check))),
+        [(check, capacity, capacity)],
+    )
     return _build(check, "concurrency_limited", 429, headers, body)
 
 

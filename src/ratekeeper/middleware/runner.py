@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..admission import AdmissionQueue, AsyncAdmissionQueue
 from ..clock import Clock
 from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..decision import Decision
 from ..errors import StoreUnavailable
 from ..limiter import AsyncLimiter, Limiter, store_name
 from ..metrics.core import Metrics
@@ -34,12 +35,16 @@ from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
 from . import status as status_route
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck
-from .gate import Admission, Failure, Gate, Op, run, run_async
+from .gate import Admission, Failure, Gate, Op, UserFunctionError, run, run_async
+from .ops import Flow
 from .request import RequestInfo
 from .responses import Rejection
 
 _Lease = TypeVar("_Lease")
 _Fleet = TypeVar("_Fleet")
+
+
+_NESTED = frozenset({"nest", "unnest", "reserve", "settle", "cancel"})
 
 
 class _ByPosition(dict[int, Any]):
@@ -140,6 +145,17 @@ class _Base:
         try:
             return self.gate.finish(adm, status)
         except Exception as exc:
+            if self.gate.on_error == "raise":
+                raise
+            self.gate.failed_open("ratekeeper", exc, count=False)
+            return []
+
+    def _settling(self, adm: Admission, status: int | None) -> list[Op]:
+        """The gate's settles for ``adm``; an error is logged and settles nothing (the
+        reservations then expire: their estimates come back)."""
+        try:
+            return self.gate.settle(adm, status)
+        except Exception as exc:
             self.gate.failed_open("ratekeeper", exc, count=False)
             return []
 
@@ -153,16 +169,32 @@ class _Base:
                 op.key, op.rate, algorithm=c.algorithm, cost=op.cost, burst=c.burst,
                 buckets=c.buckets,
             )  # fmt: skip
+        if kind in _NESTED:
+            return self._nested(op)
         if kind == "enter":
             return self._queues[op.position].enter(op.key, op.wait)
         if kind == "leave":
             return self._queues[op.position].leave(op.ticket)
-        if kind == "acquire":
-            return self._leases[op.position].acquire(op.key)
+        if kind == "acquire":  # the lease and the requests in progress (for the headers)
+            return self._leases[op.position].acquire_counted(op.key)
         if kind == "admit":
             return self._fleets[op.position].admit(op.critical)
         holder = self._leases.get(op.position) or self._fleets[op.position]
         return holder.release(op.lease)
+
+    def _nested(self, op: Op) -> Any:
+        """A ``NestedCheck``'s call (``op.rate`` holds the request's levels)."""
+        limiter, kind = self.limiter, op.kind
+        if kind == "nest":
+            return limiter.nested(op.rate, cost=op.cost)
+        if kind == "unnest":
+            return limiter.refund_nested(op.rate, cost=op.cost)
+        if kind == "reserve":
+            check = self.gate.checks[op.position]
+            return limiter.reserve(op.rate, op.cost, ttl=check.ttl)  # type: ignore[union-attr]  # a NestedCheck's op
+        if kind == "settle":
+            return limiter.settle(op.reservation, op.actual)
+        return limiter.cancel(op.reservation)
 
 
 class Runner(_Base):
@@ -211,6 +243,8 @@ class Runner(_Base):
         try:
             run(self.gate.admit(request, adm, positions), self._dispatch)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if self.gate.on_error == "raise":  # tests: see it
+                raise
             self.gate.failed_open("ratekeeper", exc)
         except BaseException:  # interrupted (module docstring): give back what was granted
             self._run_ops(self.gate.abort(adm))
@@ -220,6 +254,27 @@ class Runner(_Base):
     def finish(self, adm: Admission, status: int | None) -> None:
         """Refund and release what ends the request (once); failures are logged."""
         self._run_ops(self._ending(adm, status))
+
+    def settle(self, adm: Admission, status: int | None) -> None:
+        """Settle the request's reservations now (the response has ended; once)."""
+        self._run_ops(self._settling(adm, status))
+
+    def peek(self, request: RequestInfo, position: int) -> Decision | None:
+        """The rate check at ``position``'s decision for ``request`` without charging it;
+        None where it does not apply or could not be asked (an error: see ``Gate``)."""
+        check = self._rates[position]
+        try:
+            op = self.gate.rate_op(position, check, request)
+            if op is None:
+                return None
+            decision: Decision = self.limiter.peek(
+                op.key, op.rate, algorithm=check.algorithm, cost=op.cost, burst=check.burst,
+                buckets=check.buckets,
+            )  # fmt: skip
+        except UserFunctionError as err:
+            self.gate.user_failed(check.name, err, count=False)
+            return None
+        return None if decision.degraded else decision
 
     def _run_ops(self, ops: list[Op]) -> None:
         for op in ops:
@@ -293,13 +348,40 @@ class AsyncRunner(_Base):
                 return result
 
         try:
-            await run_async(self.gate.admit(request, adm, positions), execute)
+            if self._inline:
+                await self._run_inline(self.gate.admit(request, adm, positions))
+            else:
+                await run_async(self.gate.admit(request, adm, positions), execute)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if self.gate.on_error == "raise":  # tests: see it
+                raise
             self.gate.failed_open("ratekeeper", exc)
         except BaseException:  # cancelled (module docstring): give back what was granted
             await _shielded(self._abort(adm, flight))
             raise
         return adm.rejection
+
+    async def _run_inline(self, flow: Flow) -> None:
+        """Drive ``flow`` on an in-process store: a rate ``hit`` is decided at once
+        (``AsyncLimiter.hit_now``: the same decision, without a coroutine), anything else is
+        awaited as ``run_async`` would."""
+        hit_now = self.limiter.hit_now
+        rates = self._rates
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    result = None
+                    if op.kind == "hit":
+                        c = rates[op.position]
+                        result = hit_now(op.key, op.rate, c.algorithm, op.cost, c.burst, c.buckets)
+                    if result is None:
+                        result = await self._dispatch(op)
+                except Exception as exc:
+                    result = Failure(exc)
+                op = flow.send(result)
+        except StopIteration:
+            return
 
     async def _abort(self, adm: Admission, flight: list[tuple[Op, asyncio.Future[Any]]]) -> None:
         op = result = None
@@ -318,6 +400,13 @@ class AsyncRunner(_Base):
         asyncio: inside a cancelled task or anyio scope (client gone), an unshielded await
         would be cancelled again before the lease is released or the charge refunded."""
         ops = self._ending(adm, status)
+        if ops:
+            await _shielded(self._run_ops(ops))
+
+    async def settle(self, adm: Admission, status: int | None) -> None:
+        """Settle the request's reservations now (the response has ended; once), shielded as
+        ``finish`` is."""
+        ops = self._settling(adm, status)
         if ops:
             await _shielded(self._run_ops(ops))
 

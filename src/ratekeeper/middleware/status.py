@@ -10,8 +10,9 @@ A check counting a plan's limit (``"plan:<limit>"``) gives a row per rate of the
 limit (``Limiter.status``: plan, source and an override's ``until``); any other check the
 deciding rate of a peek of nothing (``plan`` and ``source`` empty). Checks switched off, or
 whose key or rate function gives None for this request, are left out. A store that does not
-answer gives 503 (``{"error": "unavailable"}``); a key or rate function that raises leaves its
-check out and is logged by the gate.
+answer gives 503 (``{"error": "unavailable"}``); a key or rate function that raises (or a rate
+function that returns no rate) leaves its check out and is logged and counted by the gate as
+for any request (``on_error="raise"``: raised).
 
 ``targets`` and ``render`` are pure; the runners do the store calls (``Runner.status``).
 """
@@ -27,7 +28,7 @@ from ..decision import Decision
 from ..errors import ConfigError
 from ..quotas.status import QuotaStatus
 from .checks import RateCheck
-from .gate import Gate
+from .gate import Gate, UserFunctionError, call
 from .request import RequestInfo
 
 Response = tuple[int, tuple[tuple[str, str], ...], bytes]
@@ -51,10 +52,17 @@ def targets(gate: Gate, request: RequestInfo) -> list[Target]:
         if not isinstance(check, RateCheck) or gate.controls.mode(check.name) == "off":
             continue
         try:
-            key = check.key(request)
-            rate = None if key is None else check.rate_of(request)
-        except Exception as exc:  # a user's function: the gate's failure log, not the client's
-            gate.failed_open(check.name, exc, count=False)
+            key = call(check.key, request, "key")
+            rate = None if key is None else check.rate
+            if callable(rate):
+                rate = call(rate, request, "rate")
+                try:
+                    if rate is not None:
+                        gate.check_rate(rate)
+                except Exception as exc:
+                    raise UserFunctionError(check.rate, "rate", exc) from exc
+        except UserFunctionError as err:  # a user's function: logged and counted by the gate
+            gate.user_failed(check.name, err, count=False)
             continue
         if key is None or rate is None:
             continue

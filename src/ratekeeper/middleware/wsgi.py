@@ -9,6 +9,11 @@ eventlet timeout, ``KeyboardInterrupt``, ``SystemExit``) is ended with ``Gate.ab
 was granted is refunded and released before the exception goes on. (A store call interrupted
 mid-flight cannot say what it granted: such a lease expires after its ``lease_ttl``.)
 
+A ``NestedCheck`` with ``actual`` settles when the server closes the body (or at once if the
+app raises), from the request's ``costs.Usage`` (in the environ under ``costs.USAGE_KEY``):
+the bytes the app read from ``wsgi.input`` and sent, the status and headers, what it
+reported.
+
 The request's ``Admission`` is left in the environ (``gate.SCOPE_KEY``): a framework
 integration walks a route's limits into it after routing (``admit_route``), and the headers
 are read when the app starts its response, so they include those limits'.
@@ -28,6 +33,7 @@ from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from . import status as status_route
 from .checks import ChargeWhen, Check, Controls
+from .costs import USAGE_KEY, Usage
 from .gate import SCOPE_KEY, Admission, Gate, Op, added_headers
 from .request import PriorityFunc, RequestInfo, from_environ, trusted_networks
 from .responses import STATUS_LINES, Rejection
@@ -39,16 +45,23 @@ WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class _Finishing:
-    """The app's response iterable, calling ``on_close`` once when the server closes it."""
+    """The app's response iterable, calling ``on_close`` once when the server closes it; with
+    a ``usage``, counting the bytes that go out."""
 
-    __slots__ = ("_on_close", "_result")
+    __slots__ = ("_on_close", "_result", "_usage")
 
-    def __init__(self, result: Iterable[bytes], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, result: Iterable[bytes], on_close: Callable[[], None], usage: Usage | None = None
+    ) -> None:
         self._result = result
         self._on_close = on_close
+        self._usage = usage
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._result)
+        usage = self._usage
+        if usage is None:
+            return iter(self._result)
+        return _counted(self._result, usage)
 
     def close(self) -> None:
         try:
@@ -93,6 +106,7 @@ class WSGIRateLimitMiddleware:
         log_interval: float = 60.0,
         trusted_proxies: Iterable[str] = (),
         metrics: Metrics | None = None,
+        on_error: str = "open",
         quotas: Quotas | None = None,
         status_path: str | None = None,
         problem_details: bool = False,
@@ -111,6 +125,7 @@ class WSGIRateLimitMiddleware:
             log_interval,
             charge_when=charge_when,
             metrics=metrics,
+            on_error=on_error,
             quotas=quotas,
             problem_details=problem_details,
         )
@@ -127,6 +142,8 @@ class WSGIRateLimitMiddleware:
             try:
                 status, headers, body = self.runner.status(request)
             except Exception as exc:  # a bug or a plan source's garbage: 503, logged
+                if self.gate.on_error == "raise":  # tests: see it
+                    raise
                 self.gate.failed_open("ratekeeper", exc, count=False)
                 status, headers, body = status_route.unavailable()
         start_response(STATUS_LINES.get(status, f"{status} Error"), list(headers))
@@ -141,13 +158,20 @@ class WSGIRateLimitMiddleware:
         request = from_environ(environ, self.trusted_proxies)
         if self.status_path is not None and request.path == self.status_path:
             return self._status(start_response, request)
-        adm = environ[SCOPE_KEY] = Admission(request)
+        usage = None
+        if gate.settling:
+            usage = environ[USAGE_KEY] = Usage()
+            if environ.get("wsgi.input") is not None:
+                environ["wsgi.input"] = _CountingInput(environ["wsgi.input"], usage)
+        adm = environ[SCOPE_KEY] = Admission(request, usage)
         extra: list[tuple[str, str]] = []
         try:
             rejection = self.runner.admit(request, adm)  # interrupted: see the module docstring
             if rejection is not None:
                 extra = _latin1(rejection.headers)
         except Exception as exc:  # a bug in ratekeeper must not take the API down
+            if gate.on_error == "raise":  # tests: see it
+                raise
             gate.failed_open("ratekeeper", exc)
             rejection = adm.rejection = None  # fail open: the request goes through
         if rejection is not None:
@@ -163,6 +187,9 @@ class WSGIRateLimitMiddleware:
                 status[0] = int(line[:3])
             except ValueError:
                 status[0] = None
+            if usage is not None:
+                usage.status = status[0]
+                usage.headers = {str(k).lower(): str(v) for k, v in headers}
             # read now: a route's limits may have joined the admission after routing
             added = added_headers(adm)
             if added:
@@ -177,7 +204,7 @@ class WSGIRateLimitMiddleware:
         except BaseException:
             self.runner.finish(adm, None)
             raise
-        return _Finishing(result, lambda: self.runner.finish(adm, status[0]))
+        return _Finishing(result, lambda: self.runner.finish(adm, status[0]), usage)
 
     def admit_route(self, adm: Admission, positions: Sequence[int]) -> Rejection | None:
         """Walk a route's checks (``positions``, registered with ``gate.add``) into a request's
@@ -188,11 +215,49 @@ class WSGIRateLimitMiddleware:
         return self.runner.admit(adm.request, adm, positions)
 
     def stats(self) -> dict[str, Any]:
-        """Counters per check, requests in flight, the shedding checks' state (``shedding``)
-        and the limiter's store failures."""
+        """Counters per check, requests in flight, the shedding checks' state (``shedding``),
+        the limiter's store failures and the errors of the application's functions
+        (``user_errors``: per check, per function kind)."""
         return {
             "checks": self.controls.stats(),
             "in_flight": self.gate.in_flight,
             "shedding": self.gate.shedding_stats(),
             "store": self.limiter.stats(),
+            "user_errors": self.gate.user_error_stats(),
         }
+
+
+def _counted(result: Iterable[bytes], usage: Usage) -> Iterator[bytes]:
+    """The body's chunks, their bytes added to ``usage``; ``completed`` once it is all out."""
+    for chunk in result:
+        usage.response_bytes += len(chunk)
+        yield chunk
+    usage.completed = True
+
+
+class _CountingInput:
+    """``wsgi.input``, adding the bytes the app reads to ``usage``."""
+
+    def __init__(self, stream: Any, usage: Usage) -> None:
+        self._stream = stream
+        self._usage = usage
+
+    def read(self, *size: int) -> bytes:
+        data: bytes = self._stream.read(*size)
+        self._usage.request_bytes += len(data)
+        return data
+
+    def readline(self, *size: int) -> bytes:
+        data: bytes = self._stream.readline(*size)
+        self._usage.request_bytes += len(data)
+        return data
+
+    def readlines(self, *hint: int) -> list[bytes]:
+        lines: list[bytes] = self._stream.readlines(*hint)
+        self._usage.request_bytes += sum(map(len, lines))
+        return lines
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self._stream:
+            self._usage.request_bytes += len(line)
+            yield line

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, StoreUnavailable
+from ..stores.loops import PerLoop
 from ..stores.redis.keys import encode_tag
 from .overrides import Override, TenantPlan
 
@@ -167,8 +168,11 @@ class RedisSource:
     changes published on ``channel`` (see the module docstring).
 
     Give a ``url`` or the clients (a ``redis.Redis`` for ``lookup``, writes and ``listen``;
-    a ``redis.asyncio.Redis`` for ``lookup_async``). A tenant's name is escaped in the key as
-    a store key's is (``stores.keys.encode_tag``: braces, ``%``, long names hashed)."""
+    a ``redis.asyncio.Redis``, or a function building one, for ``lookup_async``). As a
+    store's, the asyncio client is kept per event loop (``stores.loops``): another loop gets
+    a client of its own, built from the URL, the function or as a twin of the client given.
+    A tenant's name is escaped in the key as a store key's is (``stores.keys.encode_tag``:
+    braces, ``%``, long names hashed)."""
 
     def __init__(
         self,
@@ -184,17 +188,25 @@ class RedisSource:
             raise ConfigError("RedisSource needs a url (redis://host:port/db) or a client")
         if not isinstance(prefix, str) or not prefix or len(prefix) > 100:
             raise ConfigError(f"prefix {prefix!r} is invalid; expected 1-100 characters")
+        self._async: PerLoop[Any] | None = None
         if url is not None:
             import redis
             import redis.asyncio
 
             options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
             client = client or redis.Redis.from_url(url, **options)
-            async_client = async_client or redis.asyncio.Redis.from_url(url, **options)  # type: ignore[arg-type]  # redis-py's kwargs
+            if async_client is None:
+                self._async = PerLoop(lambda: redis.asyncio.Redis.from_url(url, **options))  # type: ignore[arg-type]  # redis-py's kwargs
+        if async_client is not None:
+            self._async = _per_loop(async_client)
         self.client = client
-        self.async_client = async_client
         self.prefix = prefix
         self.channel = channel or f"{prefix}changed"
+
+    @property
+    def async_client(self) -> Any:
+        """The asyncio client of the running event loop (outside one: of the last loop)."""
+        return None if self._async is None else self._async.current()
 
     def key(self, tenant: str) -> str:
         """The Redis key of ``tenant``'s hash."""
@@ -206,10 +218,10 @@ class RedisSource:
         return parse_hash(self._call(self.client.hgetall, self.key(tenant)))
 
     async def lookup_async(self, tenant: str) -> TenantPlan | None:
-        if self.async_client is None:
+        if self._async is None:
             return await asyncio.to_thread(self.lookup, tenant)
         try:
-            raw = await self.async_client.hgetall(self.key(tenant))
+            raw = await self._async.get().hgetall(self.key(tenant))
         except Exception as exc:
             raise StoreUnavailable(f"plan source could not read {tenant!r}: {exc}") from exc
         return parse_hash(raw)
@@ -282,6 +294,23 @@ class RedisSource:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):  # closing a broken connection
                         pubsub.close()
+
+
+def _per_loop(async_client: Any) -> PerLoop[Any]:
+    """Asyncio clients per event loop from a client (the first loop's; twins for the others)
+    or a function building one (called once per loop)."""
+    import redis.asyncio
+
+    from ..stores.redis.single import twin_client
+
+    if isinstance(async_client, redis.asyncio.Redis):
+        return PerLoop(twin_client(async_client), async_client)
+    if callable(async_client):
+        return PerLoop(async_client)
+    raise ConfigError(
+        f"async_client={async_client!r} is invalid; expected a redis.asyncio.Redis or a "
+        "function returning one"
+    )
 
 
 def parse_hash(raw: Mapping[Any, Any]) -> TenantPlan | None:

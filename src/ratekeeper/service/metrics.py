@@ -45,8 +45,9 @@ from ..errors import ConfigError
 from ..metrics import core
 from ..metrics.prometheus import register
 from ..metrics.vocabulary import OUTCOMES
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
-from ..stores.base import AsyncStore, KeyPartitioned
+from ..stores.base import AsyncNestedStore, AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis.sharded import ShardedRedisStore
@@ -200,6 +201,20 @@ class InstrumentedStore:
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - start)
 
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """A nested call or reservation step (``/v1/hit`` with levels, reserve, settle)."""
+        inner = self.inner
+        if not isinstance(inner, AsyncNestedStore):
+            raise ConfigError(f"store {inner!r} cannot run nested calls or reservations")
+        start = time.perf_counter()
+        try:
+            return await inner.execute_nested_async(plan)
+        except Exception:
+            self.metrics.store_errors.inc()
+            raise
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - start)
+
     async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
         """An admin's reset, credit or debit (``AsyncAdminStore``), by the store it wraps."""
         administer = getattr(self.inner, "administer_async", None)
@@ -233,6 +248,7 @@ class InstrumentedPartitionedStore(InstrumentedStore):
     def __init__(self, inner: ShardedRedisStore, metrics: Metrics) -> None:
         super().__init__(inner, metrics)
         self.partition = inner.partition
+        self.partition_key = inner.partition_key  # a nested call's breaker: its outer key's
 
 
 class InstrumentedLeases:

@@ -4,8 +4,9 @@ let the target decide, report.
 Every log is opened at once; each is read by its own ``LogReader`` (its own format and
 counts) through a reorder buffer, and the files are merged by time (``order``). The clock is
 a ``ManualClock`` set to each line's time. A target keyed on one field (``fast_field``: the
-candidates) is given runs of lines of one time with that field of each (``LogReader.runs``);
-the others are given each line's ``Entry``. After the replay the suggestions are worked out
+candidates) is given lists of runs, the lines of one time with that field of each
+(``LogReader.runs``), and sets the clock itself; the others are given each line's
+``Entry``. After the replay the suggestions are worked out
 from each limit's demand (``suggest``, ``advice``). The report is plain data (``report``).
 """
 
@@ -84,14 +85,12 @@ def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = 
                 entries.append(ordered_entries(reader.read(stream), options.window, f.skew))
         bar = _Progress(progress, options.logs, files) if progress is not None else None
         if name is not None:
-            decide_run = target.decide_run
+            decide_runs = target.decide_runs
             for batch in merged_runs(runs):
                 if first is None:
                     first = batch[0][0]
                 last = batch[-1][0]
-                for t, keys in batch:
-                    clock._now = t  # ManualClock.set without its lock: one thread replays
-                    decide_run(t, int(t * 1000 + 0.5), keys)
+                decide_runs(batch)  # sets the clock itself
                 if bar is not None:
                     bar.tick()
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 from ..metrics.core import Metrics
 from ..rates import Rate
@@ -103,39 +104,50 @@ class LimitStats:
         if record is not None and len(self.rates) != 1:
             record.windows[window] += 1
 
-    def decided_run(self, now: float, requests: int, rejected: list[str]) -> None:
-        """``decided`` for ``requests`` requests at one time, of which those of the keys
-        ``rejected`` were rejected and the others allowed."""
+    def decided_runs(
+        self, runs: list[tuple[float, int, list[str]]], rejected: list[list[str]]
+    ) -> None:
+        """``decided`` for runs ``(time, ms, keys)`` of requests of one time, one per key,
+        of which those of the keys ``rejected`` (a list per run) were rejected and the
+        others allowed."""
+        timeline = self.timeline
+        records = self.rejected
+        window = self.window
+        requests = refused = 0
+        minute = None
+        bucket = [0, 0]
+        for (now, _, keys), out in zip(runs, rejected, strict=True):
+            m = int(now // 60)
+            if m != minute:
+                minute = m
+                found = timeline.get(m)
+                bucket = timeline[m] = [0, 0] if found is None else found
+            bucket[0] += len(keys)
+            requests += len(keys)
+            if out:
+                bucket[1] += len(out)
+                refused += len(out)
+                for key, n in Counter(out).items():
+                    record = records.get(key)
+                    if record is None:
+                        record = records[key] = Rejections(now)
+                    record.add(now, n)
+                    if window is not None:
+                        record.windows[window] += n
         outcomes = self.outcomes
-        allowed = requests - len(rejected)
-        if allowed:
-            outcomes["allowed"] = outcomes.get("allowed", 0) + allowed
-        if rejected:
-            outcomes["rejected"] = outcomes.get("rejected", 0) + len(rejected)
-            records = self.rejected
-            window = self.window
-            for key, n in Counter(rejected).items():
-                record = records.get(key)
-                if record is None:
-                    record = records[key] = Rejections(now)
-                record.add(now, n)
-                if window is not None:
-                    record.windows[window] += n
-        if requests:
-            minute = int(now // 60)
-            bucket = self.timeline.get(minute)
-            if bucket is None:
-                bucket = self.timeline[minute] = [0, 0]
-            bucket[0] += requests
-            bucket[1] += len(rejected)
+        if requests > refused:
+            outcomes["allowed"] = outcomes.get("allowed", 0) + requests - refused
+        if refused:
+            outcomes["rejected"] = outcomes.get("rejected", 0) + refused
 
-    def wanted_run(self, keys: list[str], now_ms: int) -> None:
-        """``wanted`` for requests of cost 1 at one time, one per key."""
+    def wanted_runs(self, runs: list[tuple[float, int, list[str]]]) -> None:
+        """``wanted`` for runs ``(time, ms, keys)`` of requests of cost 1, one per key."""
         if not self.demand:
-            self.counts.update(keys)
+            self.counts.update(chain.from_iterable(keys for _, _, keys in runs))
             return
         for d in self.demand:
-            d.add_run(keys, now_ms)
+            for _, now_ms, keys in runs:
+                d.add_run(keys, now_ms)
 
     def wanted(self, key: str, now_ms: int, cost: int, refunded: bool = False) -> None:
         """A request this limit applies to, whatever was decided (its demand); ``refunded``:

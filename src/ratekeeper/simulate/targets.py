@@ -8,9 +8,10 @@
 - ``CandidatesTarget``: limits given on the command line (``--limit name=rate``), each keyed by
   one field and decided by ``Limiter.hit`` on every request — the call the middleware and the
   service make for one rate check — side by side, so candidates can be compared. Its fast
-  path, ``decide_run``, takes the lines of one time at once and makes the store call
-  ``Limiter.hit`` makes for one rate on a memory store (``MemoryStore.hit_one``, with the
-  same policy), with no ``Decision`` built; a stack of rates goes through ``Limiter.hit``.
+  path, ``decide_runs``, takes a list of runs (the lines of one time) at once; a one-rate
+  candidate is decided there by ``onerate.OneRate``, the steps ``MemoryStore.hit_one``
+  takes for that call with the same policy, in a dict of its own and with no ``Decision``
+  built; a stack of rates goes through ``Limiter.hit``.
 - ``ServiceTarget``: the service's ``Engine`` and its Envoy front (policies, Envoy domains
   with upstream's semantics, shadow and over-limit cache included) over an ``AsyncLimiter``
   on a ``MemoryStore``; policy keys and descriptor entries come from log fields. Its
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from ..algorithms import Algorithm, Limit
 from ..clock import ManualClock
 from ..decision import Decision
 from ..errors import ConfigError
@@ -37,7 +37,8 @@ from ..middleware.gate import Admission, Op, run
 from ..middleware.request import RequestInfo
 from ..middleware.wsgi import WSGIRateLimitMiddleware
 from ..stores.memory import MemoryStore
-from .reading.logs import Entry
+from .onerate import OneRate
+from .reading.logs import Entry, Run
 from .stats import LimitStats, Recorder
 
 UNBOUNDED = sys.maxsize
@@ -148,9 +149,9 @@ class Candidate:
 
 class CandidatesTarget:
     """Candidate limits side by side, each decided on every request by ``Limiter.hit``
-    (``decide``) or by the store call that ``Limiter.hit`` makes for one rate on a memory
-    store, ``MemoryStore.hit_one``, with the same policy (``decide_run``, the fast path,
-    when every candidate is keyed by the same field: ``fast_field``)."""
+    (``decide``) or, for one rate, by the steps of the memory store call that
+    ``Limiter.hit`` makes (``decide_runs``, the fast path, when every candidate is keyed by
+    the same field: ``fast_field``; see ``onerate``)."""
 
     def __init__(
         self,
@@ -166,7 +167,7 @@ class CandidatesTarget:
         self.clock = clock
         self.limits: dict[str, LimitStats] = {}
         self._runs = []
-        self._fast: list[tuple[MemoryStore, str, Algorithm, Limit] | None] = []
+        self._fast: list[OneRate | None] = []
         fields = set()
         for name, spec in limits.items():
             c = Candidate(spec, field, algorithm) if isinstance(spec, str) else spec
@@ -182,7 +183,7 @@ class CandidatesTarget:
             self._runs.append((hit, c.key, stats))
             fields.add(c.key)
             if len(policy.limits) == 1:  # what Limiter.hit's fast path decides
-                self._fast.append((store, policy.slots[0], policy.algorithm, policy.limits[0]))
+                self._fast.append(OneRate(policy.algorithm, policy.limits[0]))
             else:
                 self._fast.append(None)
         self.fast_field = fields.pop() if len(fields) == 1 else None
@@ -202,37 +203,43 @@ class CandidatesTarget:
                 stats.windowed(key, d.rate.code)
             stats.wanted(key, now_ms, 1)
 
-    def decide_run(self, now: float, now_ms: int, fields: list[str | None]) -> None:
-        """``decide`` for consecutive lines of one time, given the key field of each."""
-        if None in fields or "" in fields:
-            keys = [k for k in fields if k]
-            missing = len(fields) - len(keys)
-            for _, _, stats in self._runs:
-                stats.key_missing += missing
-            if not keys:
-                return
-        else:
-            keys = cast(list[str], fields)
+    def decide_runs(self, batch: list[Run]) -> None:
+        """``decide`` for a list of runs in time order (consecutive lines of one time,
+        given the key field of each)."""
+        runs: list[tuple[float, int, list[str]]] = []
+        missing = 0
+        for t, fields in batch:
+            if None in fields or "" in fields:
+                keys = [k for k in fields if k]
+                missing += len(fields) - len(keys)
+                if not keys:
+                    continue
+            else:
+                keys = cast(list[str], fields)
+            runs.append((t, int(t * 1000 + 0.5), keys))
+        clock = self.clock
         for (hit, _, stats), fast in zip(self._runs, self._fast, strict=True):
-            rejected: list[str] = []
-            if fast is None:  # several rates: Limiter.hit's general path
+            stats.key_missing += missing
+            if fast is not None:
+                stats.decided_runs(runs, fast.hit_runs(runs))
+            else:  # several rates: Limiter.hit's general path, on the clock of each run
+                rejected: list[list[str]] = []
                 windows = []
-                for key in keys:
-                    d = hit(key)
-                    if not d.allowed:
-                        rejected.append(key)  # the twin of the loop below
-                        windows.append((key, d.rate.code))
-                stats.decided_run(now, len(keys), rejected)
+                for t, _, keys in runs:
+                    clock._now = t  # ManualClock.set without its lock: one thread replays
+                    out = []
+                    for key in keys:
+                        d = hit(key)
+                        if not d.allowed:
+                            out.append(key)
+                            windows.append((key, d.rate.code))
+                    rejected.append(out)
+                stats.decided_runs(runs, rejected)
                 for key, window in windows:
                     stats.windowed(key, window)
-            else:
-                store, slot, step, limit = fast
-                hit_one = store.hit_one
-                for key in keys:
-                    if not hit_one(slot, key, step, limit, now_ms, 1)[0]:
-                        rejected.append(key)  # a comprehension is slower
-                stats.decided_run(now, len(keys), rejected)
-            stats.wanted_run(keys, now_ms)
+            stats.wanted_runs(runs)
+        if batch:
+            clock._now = batch[-1][0]
 
 
 class ServiceTarget:

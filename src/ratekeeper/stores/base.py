@@ -9,6 +9,8 @@ that carry a caller key but no plan (leases: the concurrency limiter's breakers)
 is optional too: an in-process store (``MemoryStore``) that can take a one-rate hit without a
 ``Plan``, which the limiters use as their fast path. ``QueuingStore``: a batching store that
 can queue a plan and answer through a future, so a caller waits by callback, not a coroutine.
+``NestedStore``/``AsyncNestedStore``: a store that runs nested calls and reservation steps
+(``NestedPlan``: several caller keys in one atomic call; every built-in store).
 ``SliceStore``: a store that answers some one-rate hits in process, from budget it took
 ahead (``LocalBudget``'s slices), and sends the others the full way (``spend_one`` answers
 None). ``FailLocalStore``: a store that can decide a plan without its backend when that
@@ -26,6 +28,7 @@ import asyncio
 from typing import Protocol, runtime_checkable
 
 from ..algorithms import Algorithm, Limit, Outcome
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
 
 
@@ -44,6 +47,24 @@ class AsyncStore(Protocol):
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """Run one plan; ``refund``/``reset`` return an empty tuple."""
+        ...
+
+
+@runtime_checkable
+class NestedStore(Protocol):
+    """Runs nested calls and reservation steps synchronously, each in one atomic store call."""
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan (see ``nested.NestedReply`` for the answer's shape)."""
+        ...
+
+
+@runtime_checkable
+class AsyncNestedStore(Protocol):
+    """``NestedStore`` on an event loop."""
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan (see ``nested.NestedReply``)."""
         ...
 
 

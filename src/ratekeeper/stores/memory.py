@@ -13,6 +13,8 @@ all-or-nothing here exactly as in a Redis script. Memory stays bounded:
   delegates to, bounded the same way: a key's lease table is dropped when its last lease goes,
   leases that expired unreleased are swept a few keys at a time as keys are added (and all at
   once by ``sweep()``), and at most ``max_keys`` keys hold leases;
+- nested calls and reservations (``NestedStore``) run on the same entries, under the same
+  lock, in ``nested_memory.MemoryNested``; ``sweep()`` also gives back expired reservations;
 - at most ``max_keys`` entries: the least recently used (hit, rejected or peeked) is evicted
   first, so a flood of distinct keys cannot exhaust memory (an evicted key starts fresh — it
   fails open, never closed — but a key that keeps being rejected keeps being used, so a flood
@@ -31,8 +33,10 @@ from typing import Any, TypeVar
 
 from ..algorithms import Algorithm, Limit, Outcome
 from ..algorithms.base import COUNT_REJECTED
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan, administer, run_stack
 from .leases import MemoryLeases
+from .nested_memory import MemoryNested
 
 _Entry = tuple[int, Any]  # (expires_ms, state)
 _R = TypeVar("_R")
@@ -50,6 +54,7 @@ class MemoryStore:
         self._data: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._leases = MemoryLeases(max_keys)
+        self._nested = MemoryNested(self)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -189,6 +194,19 @@ class MemoryStore:
         """The same as ``execute``: nothing in it blocks."""
         return self.execute(plan)
 
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested call or reservation step atomically (``NestedStore``)."""
+        return self._nested.execute(plan)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``: nothing in it blocks."""
+        return self._nested.execute(plan)
+
+    @property
+    def reservations(self) -> MemoryNested:
+        """The reservations (``len(store.reservations)``: live ones and tombstones)."""
+        return self._nested
+
     def transact(
         self,
         keys: Sequence[tuple[str, str]],
@@ -252,6 +270,23 @@ class MemoryStore:
         """The same as ``count_leases``."""
         return self._leases.count_leases(key, now_ms)
 
+    def _load(self, key: tuple[str, str], now_ms: int) -> Any:
+        """The state of ``key``, or None; the lock is held. A stale state too, as ``hit_one``
+        reads it (it decides like none under its own rate, and as what is left of the usage
+        under a lowered one)."""
+        entry = self._data.get(key)
+        return None if entry is None else entry[1]
+
+    def _touch(self, keys: list[tuple[str, str]]) -> None:
+        """Mark live entries used (a rejection or a peek); the lock is held."""
+        data = self._data
+        for k in keys:
+            if k in data:
+                data.move_to_end(k)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self._data.pop(key, None)
+
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None:
         data = self._data
         if key in data:
@@ -279,13 +314,15 @@ class MemoryStore:
             del data[k]
 
     def sweep(self, now: float) -> int:
-        """Drop every entry (and lease) whose state stopped mattering by epoch second ``now``."""
+        """Drop every entry (and lease) whose state stopped mattering by epoch second ``now``,
+        after giving back the estimates of reservations expired by then."""
         now_ms = round(now * 1000)
         with self._lock:
+            dropped = self._nested.sweep_all(now_ms)
             stale = [k for k, (exp, _) in self._data.items() if exp <= now_ms]
             for k in stale:
                 del self._data[k]
-        return len(stale) + self._leases.sweep(now_ms)
+        return len(stale) + dropped + self._leases.sweep(now_ms)
 
 
 def _head(

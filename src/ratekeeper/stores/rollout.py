@@ -24,6 +24,9 @@ mode ran long enough (one window) to build the same state there. ``reset`` goes 
 so a key moved back never finds an old count. Leases follow the share too; a release goes to
 the store that owns the key now and then, if that found nothing, to the other.
 
+Nested calls and reservations follow their outermost key (every level with it), compared
+like plans in compare mode.
+
 A ``RolloutStore`` is ``Partitioned``: the limiter keeps breakers for ``old``'s parts and
 ``new``'s apart, so a failing new store fails open only the keys sent to it.
 """
@@ -41,8 +44,18 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..algorithms import Outcome
 from ..errors import ConfigError
+from ..nested import NestedPlan, NestedReply
 from ..plan import Plan
-from .base import AsyncPingable, AsyncStore, KeyPartitioned, Partitioned, Pingable, Store
+from .base import (
+    AsyncNestedStore,
+    AsyncPingable,
+    AsyncStore,
+    KeyPartitioned,
+    NestedStore,
+    Partitioned,
+    Pingable,
+    Store,
+)
 from .leases import AsyncLeaseStore, LeaseStore
 
 log = logging.getLogger("ratekeeper")
@@ -99,6 +112,8 @@ class RolloutStore:
             "async": all(isinstance(s, AsyncStore) for s in both),
             "leases": all(isinstance(s, LeaseStore) for s in both),
             "async leases": all(isinstance(s, AsyncLeaseStore) for s in both),
+            "nested": all(isinstance(s, NestedStore) for s in both),
+            "async nested": all(isinstance(s, AsyncNestedStore) for s in both),
         }
         if not any(self._can.values()):
             raise ConfigError(
@@ -230,6 +245,55 @@ class RolloutStore:
         else:
             self._compare(plan, answer, measured)
         return answer
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run a nested plan on the store that answers its outermost key; in compare mode on
+        ``new`` too (``NestedStore``)."""
+        store, compare = self._route(plan.key)
+        self._need("nested")
+        answer: NestedReply = store.execute_nested(plan)
+        if compare:
+            try:
+                measured = self.new.execute_nested(plan)
+            except Exception as exc:
+                self._new_failed(exc)
+            else:
+                self._compare_nested(plan, answer, measured)
+        return answer
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested`` on the async paths (both stores at once)."""
+        store, compare = self._route(plan.key)
+        self._need("async nested")
+        if not compare:
+            result: NestedReply = await store.execute_nested_async(plan)
+            return result
+        old: AsyncNestedStore = self.old
+        new: AsyncNestedStore = self.new
+        answer, measured = await asyncio.gather(
+            old.execute_nested_async(plan), new.execute_nested_async(plan), return_exceptions=True
+        )
+        if isinstance(answer, BaseException):
+            raise answer
+        if isinstance(measured, BaseException):
+            self._new_failed(measured)
+        else:
+            self._compare_nested(plan, answer, measured)
+        return answer
+
+    def _compare_nested(self, plan: NestedPlan, answer: NestedReply, measured: Any) -> None:
+        self.counts["compared"] += 1
+        if answer == measured:
+            return
+        self.counts["disagreed" if answer[0] != measured[0] else "differed"] += 1
+        self._unlogged += 1
+        self._warn(
+            self._monotonic(),
+            "rollout compare: %d differences since the last report (%d compared, %d "
+            "disagreed in all); latest: nested %s, old %s, new %s",
+            self._unlogged, self.counts["compared"], self.counts["disagreed"], plan.op,
+            answer[0], measured[0],
+        )  # fmt: skip
 
     def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
         """An admin's change on the store that answers the key (a reset on both, as

@@ -3,8 +3,8 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save/add (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
---          then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, extra: option bits, 1 aligned windows (start at
 --          now - now % period), 2 count_rejected (a rejected hit is charged too; the stack's
 --          rates share these two, so ARGV[6] tells for all), 4 calendar: the rate counts
 --          calendar periods and period_ms is the end of the period holding now_ms, computed by
@@ -18,7 +18,7 @@
 --          cost x 10**13 in place, which keeps both the integer encoding and that TTL; a refund
 --          saves the value again.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
 -- Admin    credit takes cost off the count (below zero: the window holds more than its limit),
 --          debit adds it whatever the limit; both open a window if none is live.
 
@@ -137,6 +137,32 @@ local function opened(i, period)
     return period
   end
   return ((bits % 2 == 1) and (now - now % period) or now) + period
+end
+
+-- settle (a reservation's actual cost: nested.lua; fixed_window.settle): cost is the delta,
+-- and ARGV after the rates holds since_ms (unused), debt and the end of the window the
+-- reservation was counted in (its charge's reset_ms)
+if op == 'settle' then
+  local debt, charged = tonumber(ARGV[3 * N + 5]), tonumber(ARGV[3 * N + 6])
+  for i = 1, N do
+    local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    local used, ends = decode(load(i))
+    local live = used and ends > now
+    if cost < 0 then -- back to the reservation's window while it is the live one, as refund
+      if live and ends == charged and used > 0 then
+        save(i, encode(used - math.min(-cost, used), ends), ttl(ends))
+      end
+    else -- an extra: into the live window, past the limit up to count + debt
+      if not live then
+        used, ends = 0, opened(i, period)
+      end
+      local add = math.min(cost, math.max(0, count + debt - used))
+      if add > 0 then
+        save(i, encode(used + add, ends), ttl(ends))
+      end
+    end
+  end
+  return {}
 end
 
 for i = 1, N do

@@ -3,8 +3,8 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save/keep (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
---          then per rate i: count, period_ms, burst (how many may pass at one instant).
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, burst (how many may pass at one instant).
 -- State    (tat_us, count): the theoretical arrival time in epoch microseconds and the rate's
 --          count it was written under. T = ceil(period_ms * 1000 / count) us per unit; a tat
 --          written under another count is read as the same units used (convert).
@@ -15,7 +15,7 @@
 --          state's saves the state restated under its own (as gcra.step returns it), so it
 --          drains at the new pace from then on.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
 -- Admin    credit is refund; debit moves tat cost*T on, to at most 2 capacities past empty
 --          (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
@@ -75,6 +75,50 @@ stale = function(i, raw)
   return tat <= now_us
 end
 
+local function ttl(tat)
+  return string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000))
+end
+
+-- settle (a reservation's actual cost: nested.lua; gcra.settle): cost is the delta; ARGV
+-- after the rates holds since_ms, debt and the charge's reset_ms (units are alike: only debt
+-- is used). A refund moves tat back (never before now); an extra moves it on, up to
+-- now + (burst + debt) x T.
+if op == 'settle' then
+  local debt = tonumber(ARGV[3 * N + 5])
+  for i = 1, N do
+    local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+      tonumber(ARGV[3 * i + 3])
+    local t = ceil_div(period * 1000, count)
+    local stored, was = decode(load(i))
+    if stored and was and was ~= count then
+      stored = convert(stored, was, t, period)
+    end
+    local tat = now_us
+    if stored and stored >= now_us then
+      tat = stored
+    end
+    local new = nil
+    if cost < 0 then
+      if stored then
+        new = math.max(now_us, tat + cost * t)
+      end
+    else
+      local cap = now_us + (burst + debt) * t
+      new = tat + cost * t
+      if new > cap then
+        new = (tat < cap) and cap or tat
+      end
+      if new == tat then
+        new = nil
+      end
+    end
+    if new then
+      save(i, encode(new, count), ttl(new))
+    end
+  end
+  return {}
+end
+
 local reply, writes, keeps, all_allowed = {}, {}, {}, true
 for i = 1, N do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
@@ -118,10 +162,6 @@ for i = 1, N do
     reply[n + 3] = ceil_div(tat, 1000)
     reply[n + 4] = retry
   end
-end
-
-local function ttl(tat)
-  return string.format('%d', math.max(1000, ceil_div(tat, 1000) - now + 1000))
 end
 
 if op == 'hit' and all_allowed or op == 'refund' or op == 'credit' or op == 'debit' then

@@ -2,8 +2,8 @@
 --
 -- KEYS[i]  rate i's key; every key of one call shares the caller's hash tag (with LEGACY,
 --          KEYS[N + i] its 0.1 name: a list found only there is copied over, stack.lua).
--- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
---          then per rate i: count, period_ms, extra (unused: 0).
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, extra (unused: 0).
 -- Value    a Redis list of admission times in epoch ms, oldest first, one element per admitted
 --          unit (cost n = n equal elements); Redis packs them as integers (~10 bytes each).
 --          An element ts counts while now_ms < ts + period_ms; older ones are trimmed from the
@@ -11,7 +11,7 @@
 -- Expiry   the newest element leaves the window at last + period_ms; every write sets a
 --          relative PEXPIRE of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
 -- Admin    credit is refund; debit logs cost units at now whatever the window holds, up to 3
 --          times the count (algorithms/base.DEBT).
 -- Cost     O(log n) LINDEX probes to find the expired head, O(cost) to append.
@@ -79,17 +79,49 @@ local function expire(key, period)
   end
 end
 
+-- rate i's list: with LEGACY, a list found only under its 0.1 name is read there (a peek) or
+-- carried over (COPY keeps its TTL; the old key stays until its TTL)
+local function list(i)
+  local key = KEYS[i]
+  if LEGACY and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[N + i]) == 1 then
+    if op == 'peek' then
+      return KEYS[N + i]
+    end
+    redis.call('COPY', KEYS[N + i], key)
+  end
+  return key
+end
+
+-- settle (a reservation's actual cost: nested.lua; sliding_log.settle): cost is the delta;
+-- ARGV after the rates holds since_ms, debt and the charge's reset_ms (unused). A refund
+-- removes up to -delta entries stamped since_ms while they are in the window; an extra
+-- appends entries at now, up to count + debt in the window.
+if op == 'settle' then
+  local since, debt = ARGV[3 * N + 4], tonumber(ARGV[3 * N + 5])
+  for i = 1, N do
+    local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    local key = list(i)
+    if cost < 0 then
+      if tonumber(since) > now - period and redis.call('LREM', key, -cost, since) > 0 then
+        expire(key, period)
+      end
+    else
+      local len = redis.call('LLEN', key)
+      local live = len - expired(key, len, now - period)
+      local take = math.min(cost, math.max(0, count + debt - live))
+      if take > 0 then
+        add(key, take)
+        expire(key, period)
+      end
+    end
+  end
+  return {}
+end
+
 local reply, all_allowed, old, room = {}, true, {}, {}
 for i = 1, N do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local key = KEYS[i]
-  if LEGACY and redis.call('EXISTS', key) == 0 and redis.call('EXISTS', KEYS[N + i]) == 1 then
-    if op == 'peek' then -- read-only: read the 0.1 list where it is
-      key = KEYS[N + i]
-    else -- carry the 0.1 list over (COPY keeps its TTL); the old key stays until its TTL
-      redis.call('COPY', KEYS[N + i], key)
-    end
-  end
+  local key = list(i)
   local len = redis.call('LLEN', key)
   local gone = expired(key, len, now - period)
   local live = len - gone

@@ -3,15 +3,15 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
---          then per rate i: count, period_ms, buckets (sub-intervals per period).
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, buckets (sub-intervals per period).
 -- State    (index of the newest bucket, counts newest first), index = floor(t * buckets /
 --          period_ms) on the epoch-aligned grid; trailing zero counts are left out.
 -- Value    "<index>:<count0>:<count1>..." in decimal, e.g. "28333334:7:12".
 -- Expiry   the newest bucket leaves the estimate at ceil((index + buckets + 1) * period_ms /
 --          buckets); every save asks for a relative TTL of that - now_ms + 1000.
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
 -- Admin    credit is refund; debit adds cost to the newest bucket whatever the estimate, up to
 --          3 times the count in all buckets (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
@@ -103,6 +103,43 @@ local function admit_at(counts, cur, n, p, count)
     end
   end
   return now
+end
+
+-- settle (a reservation's actual cost: nested.lua; sliding_window.settle): cost is the
+-- delta; ARGV after the rates holds since_ms (unused), debt and the reset_ms the
+-- reservation's charge answered, which names the bucket it was counted in. A refund comes out
+-- of that bucket while it is in the estimate; an extra goes into the newest bucket, while the
+-- estimate stays within count + debt.
+if op == 'settle' then
+  local debt, charged = tonumber(ARGV[3 * N + 5]), tonumber(ARGV[3 * N + 6])
+  for i = 1, N do
+    local count, p, n = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+      tonumber(ARGV[3 * i + 3])
+    local raw = load(i)
+    local changed = false
+    local cur, elapsed, counts = align(raw, n, p)
+    if cost < 0 then
+      for j = 0, n do -- the bucket whose reset is charged, newest first
+        if raw and ceil_div((cur - j + n + 1) * p, n) == charged and counts[j + 1] > 0 then
+          counts[j + 1] = counts[j + 1] - math.min(-cost, counts[j + 1])
+          changed = true
+          break
+        end
+      end
+    elseif cost > 0 then
+      local used = sum(counts, 1, n) * p + counts[n + 1] * (p - elapsed)
+      local add = math.min(cost, math.max(0, idiv((count + debt) * p - used, p)))
+      if add > 0 then
+        counts[1] = counts[1] + add
+        changed = true
+      end
+    end
+    if changed then
+      local expires = ceil_div((cur + n + 1) * p, n)
+      save(i, encode(cur, counts), string.format('%d', math.max(1000, expires - now + 1000)))
+    end
+  end
+  return {}
 end
 
 local reply, writes, all_allowed = {}, {}, true

@@ -3,8 +3,8 @@
 -- KEYS[i]  rate i's key; every key of one call shares one hash tag. The state is read and
 --          written only through the layout's load/save/keep (layout_keys.lua, or
 --          layout_compact.lua: then the caller's hash field is the last ARGV).
--- ARGV     op ("hit" | "peek" | "refund", or an admin's "credit" | "debit"), now_ms, cost,
---          then per rate i: count, period_ms, burst (the bucket's capacity).
+-- ARGV     op ("hit" | "peek" | "refund" | "settle", or an admin's "credit" | "debit"), now_ms,
+--          cost, then per rate i: count, period_ms, burst (the bucket's capacity).
 -- State    (debt, updated_ms): the missing tokens x period_ms, and when they were counted. It
 --          holds no count: a rate raised or lowered reads the same debt (a missing key is a
 --          full bucket).
@@ -15,7 +15,7 @@
 --          relative TTL of that - now_ms + 1000, and a rejection keeps the state at least
 --          that long (a lowered count drains the debt more slowly than it was written for).
 -- Reply    hit/peek: 4 integers per rate: allowed (1/0), remaining, reset_ms, retry_ms (-1 for
---          never); refund, credit, debit: an empty array. peek never writes (EVALSHA_RO).
+--          never); refund, credit, debit, settle: an empty array. peek never writes (EVALSHA_RO).
 -- Admin    credit is refund; debit takes cost tokens whatever the bucket holds, down to
 --          2 capacities past empty (algorithms/base.DEBT).
 -- Numbers  Lua has only doubles; every value stays below 2**53, where they are exact, and
@@ -92,6 +92,40 @@ end
 
 local function ttl(debt, updated, count)
   return string.format('%d', math.max(1000, updated + ceil_div(debt, count) - now + 1000))
+end
+
+-- settle (a reservation's actual cost: nested.lua; token_bucket.settle): cost is the delta;
+-- ARGV after the rates holds since_ms, debt and the charge's reset_ms (tokens are alike: only
+-- debt is used). A refund puts tokens back (never above burst); an extra takes them, down to
+-- debt tokens past empty.
+if op == 'settle' then
+  local debt = tonumber(ARGV[3 * N + 5])
+  for i = 1, N do
+    local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
+      tonumber(ARGV[3 * i + 3])
+    local stored, updated = decode(load(i))
+    local missing, new = nil, nil
+    if cost < 0 then
+      if stored then
+        missing, updated = level(stored, updated, count)
+        new = math.max(0, missing + cost * period)
+      end
+    else
+      missing, updated = level(stored, updated, count)
+      local most = (burst + debt) * period
+      new = missing + cost * period
+      if new > most then
+        new = (missing < most) and most or missing
+      end
+      if new == missing then
+        new = nil
+      end
+    end
+    if new then
+      save(i, encode(new, updated), ttl(new, updated, count))
+    end
+  end
+  return {}
 end
 
 local reply, writes, held, all_allowed = {}, {}, {}, true

@@ -150,6 +150,9 @@ class EnvoySettings:
     header_names: HeaderNames = HeaderNames()
     response_dynamic_metadata: bool = False
     merge_domains: bool = False
+    nested_domains: tuple[str, ...] = ()
+    """Domains whose requests' descriptors are decided as one nested call (``engine.nested``):
+    ours, not upstream's (upstream decides each descriptor on its own)."""
     max_descriptors: int = 256
     max_entries: int = 2048
     max_stat_keys: int = 1000
@@ -181,6 +184,13 @@ def _setting(body: Map, key: str, out: dict[str, Any]) -> None:
     highs = {"max_descriptors": 100_000, "max_entries": 1_000_000, "max_stat_keys": 1_000_000}
     if key in highs:
         out[key] = need_int(body[key], at(key, body.line), f"envoy.{key}", 1, highs[key])
+    if key == "nested_domains":
+        domains = need_seq(body[key], at(key, body.line), "envoy.nested_domains")
+        for domain in domains:
+            if not isinstance(domain, str) or not domain:
+                why = f"envoy.nested_domains: {domain!r} must be a domain name"
+                raise Problem(at(key, body.line), why)
+        out[key] = tuple(domains)
     if key == "near_limit_ratio":
         ratio = body["near_limit_ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:

@@ -3,6 +3,7 @@
 - ``core``: ``Engine``: named policies (hit, peek, refund, reset), leases of concurrency
   policies, runtime toggles, and the fast paths (``answer_now``) a protocol calls first;
 - ``fast``: the fast hit on an in-process store (an admitted hit as the store's outcome);
+- ``nested``: Envoy descriptors decided as one nested call (``envoy.nested_domains``);
 - ``quotas``: tenants' plans served (``PlanService``); ``cache``: the over-limit cache;
   ``keys``: store keys and lease tokens;
 - ``results``: what it answers (``Result``, ``LeaseResult``).

@@ -355,6 +355,10 @@ class Engine:
         metrics.decision(label, "rejected", key)
         return Result(decision, spec.name)
 
+    def fixed(self, op: str, spec: PolicySpec, cost: int) -> Result:
+        """The answer of a switched-off or blocking policy, without the store (counted)."""
+        return self._fixed(op, spec, cost)
+
     def _fixed(self, op: str, spec: PolicySpec, cost: int) -> Result:
         """A disabled (kill switch) or blocking (Envoy's ``requests_per_unit: 0``) policy."""
         label = spec.label or spec.name

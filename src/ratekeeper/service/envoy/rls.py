@@ -25,6 +25,8 @@ Per request, in upstream's order:
 ``current_limit.name`` is ``rate_limit.name``; ``duration_until_reset`` is whole seconds to
 the unit's end (``unit - now % unit``). Stats follow upstream's counters (``EnvoyStats``).
 Descriptors extended with ``policy``/``algorithm`` keep our semantics for their own limit.
+In a domain of ``envoy.nested_domains`` (opt-in) a request's limits are decided as one
+nested call, all or nothing (``engine.nested``).
 Work yields to the event loop every ``YIELD_EVERY`` descriptors.
 """
 
@@ -41,6 +43,7 @@ from ...rates import Rate
 from ..config.envoy import MAX_UINT32, UNIT_SECONDS, UNITS, EnvoyLimit, EnvoyNode, EnvoySettings
 from ..config.policies import PolicySpec
 from ..engine import Engine, Result, envoy_key, store_key
+from ..engine.nested import decide_nested
 from ..metrics import EnvoyStats
 from .match import Entries, find, override_stats_key
 
@@ -132,7 +135,9 @@ class Envoy:
             items, unlimited = self._resolve_one(generation, domain, root, descriptors[0], hits)
         else:
             items, unlimited = self._resolve(domain, root, descriptors, hits)
-        if settings.stop_increment_when_over_limit:
+        if items and domain in settings.nested_domains:
+            results = await decide_nested(engine, items)  # opt-in: all or nothing
+        elif settings.stop_increment_when_over_limit:
             results = await self._stop_increment(items)
         else:
             results = []

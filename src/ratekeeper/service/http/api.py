@@ -3,6 +3,9 @@
 Routes (names fixed; see docs/service.md and the OpenAPI document at ``/openapi.json``)::
 
     POST /v1/hit                          {"policy", "key", "cost"?, "over_limit_status"?}
+                                          or {"levels", "cost"?, "over_limit_status"?}
+    POST /v1/reserve                      {"levels", "estimate", "ttl"?, "over_limit_status"?}
+    POST /v1/settle  /v1/cancel           {"reservation", "actual"}  /  {"reservation"}
     POST /v1/peek /v1/refund              {"policy", "key", "cost"?}
     POST /v1/reset                        {"policy", "key"}                    admin
     POST /v1/concurrency/acquire          {"policy", "key"}    200 lease / 429 full
@@ -55,6 +58,7 @@ from .body import (
 )
 from .guard import BrowserRules, Head
 from .hit import rendered
+from .nested import NestedAPI
 from .render import (
     _INTERNAL,
     _PROM,
@@ -67,7 +71,7 @@ from .render import (
     _result_body,
     openapi_document,
 )
-from .routes import _DECIDE, _FIELDS, _access_of_unknown, find_route
+from .routes import _DECIDE, _FIELDS, _NESTED, _access_of_unknown, find_route
 
 CONCURRENCY_RETRY_AFTER = 1
 """``Retry-After`` seconds of a full concurrency policy's 429: a slot frees when any request of
@@ -99,6 +103,7 @@ class HttpApi:
         self.health = health
         self._openapi: tuple[int, bytes] = (-1, b"")
         self.in_flight = 0
+        self.nested = NestedAPI(engine)
         engine.metrics.watch_in_flight(self.requests_in_flight)
 
     def requests_in_flight(self) -> int:
@@ -204,6 +209,9 @@ class HttpApi:
             engine = self.engine
             op = _DECIDE[path]
             req = _object(body, _FIELDS[op])
+            if "levels" in req:  # a nested decision (http.nested)
+                later = True
+                return self._later(path, self._nested_hit(req))
             if op == "refund":
                 later = True
                 return self._later(path, self._refunded(req))
@@ -233,6 +241,9 @@ class HttpApi:
     async def _asked(self, op: str, spec: PolicySpec, key: str, cost: int, over: int) -> Response:
         """The response when the store must be asked."""
         return _decision_response(await self.engine.answer(op, spec, key, cost), over)
+
+    async def _nested_hit(self, req: dict[str, Any]) -> Response:
+        return _encode(*await self.nested.hit(req))
 
     async def _refunded(self, req: dict[str, Any]) -> Response:
         return _encode(*await self._decide("refund", req))
@@ -336,6 +347,11 @@ class HttpApi:
             self._describe(name)  # 404 for an unknown policy, before anything changes
             self.engine.toggle(name, toggles[0], toggles[1], toggles[2])
             return 200, self._describe(name), {}
+        if route.path in _NESTED:  # reserve, settle, cancel (http.nested)
+            req = _object(await _body(scope, receive), _NESTED[route.path])
+            if route.path == "/v1/reserve":
+                return await self.nested.reserve(req)
+            return await self.nested.settle(req, cancel=route.path == "/v1/cancel")
         op = route.path[4:]  # hit, peek, refund, reset
         req = _object(await _body(scope, receive), _FIELDS[op])
         return await self._decide(op, req)

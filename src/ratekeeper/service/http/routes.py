@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import quotas as quota_routes
+from .nested import CANCEL_FIELDS, RESERVE_FIELDS, SETTLE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/peek", "client"),
     Route("POST", "/v1/refund", "client"),
     Route("POST", "/v1/reset", "admin"),
+    Route("POST", "/v1/reserve", "client"),
+    Route("POST", "/v1/settle", "client"),
+    Route("POST", "/v1/cancel", "client"),
     Route("GET", "/v1/policies", "client"),
     Route("POST", "/v1/concurrency/acquire", "client"),
     Route("POST", "/v1/concurrency/release", "client"),
@@ -49,12 +53,20 @@ _DECIDE = {"/v1/hit": "hit", "/v1/peek": "peek", "/v1/refund": "refund"}
 
 
 _FIELDS = {
-    "hit": {"policy", "key", "cost", "over_limit_status"},
+    "hit": {"policy", "key", "cost", "over_limit_status", "levels"},
     "peek": {"policy", "key", "cost"},
     "refund": {"policy", "key", "cost"},
     "reset": {"policy", "key"},
 }
 """The body fields each decision route takes."""
+
+
+_NESTED = {
+    "/v1/reserve": RESERVE_FIELDS,
+    "/v1/settle": SETTLE_FIELDS,
+    "/v1/cancel": CANCEL_FIELDS,
+}
+"""The reservation routes and their body fields."""
 
 
 _TEMPLATED = [(r.path[: r.path.index("{")], r) for r in ROUTES if "{" in r.path]

@@ -1,7 +1,8 @@
 """The Redis family: every algorithm's Lua script run on Redis, from one server to a cluster.
 
 - ``single``: ``RedisStore``, one server (or a client you built), every plan one script call;
-- ``codec``: plans -> script calls, replies -> outcomes (no I/O); ``keys`` and ``layout``:
+- ``codec``: plans -> script calls, replies -> outcomes (no I/O), ``nested_codec`` the same for
+  nested calls and reservations; ``keys`` and ``layout``:
   where a caller key's state lives; ``leases``: leases in Redis;
 - ``pipeline``, ``batching``, ``cluster_batching``: calls in flight together sent as one batch;
 - ``sharded`` (with ``rendezvous`` placement): client-side sharding over primaries with read

@@ -22,8 +22,11 @@ The Redis stores own their batchers (``Batching`` is their setting; ``None`` tur
 cluster primary (``cluster_batching``). ``AsyncLimiter``, ``AsyncConcurrencyLimiter``, the ASGI
 middleware and the service all reach Redis through them. Sync calls are never batched.
 
-A batcher belongs to the event loop that uses it: when a store is used from another loop (a
-new ``asyncio.run``), its batcher starts afresh there.
+A batcher serves one event loop at a time: the stores keep one per loop (``loops.PerLoop``,
+with the pipeline and client under it). Used from a new loop after the last one stopped (a new
+``asyncio.run``), a batcher starts afresh there; used from a second loop while the first is
+still running (two threads), it refuses (``RuntimeError``) rather than drop the first loop's
+calls.
 """
 
 from __future__ import annotations
@@ -114,11 +117,22 @@ class Batcher(Generic[T, R]):
         that wait by callback (``add_done_callback``) instead of a coroutine."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._start(loop)
+            self._move(loop)
         future: asyncio.Future[R] = loop.create_future()
         self._queue.append((call, future))
         self._schedule(loop)
         return future
+
+    def _move(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start afresh on ``loop``, unless the loop served so far still runs with calls of its
+        own queued or in flight (another thread's): those would be lost."""
+        old = self._loop
+        if old is not None and old.is_running() and (self._queue or self._in_flight):
+            raise RuntimeError(
+                "this Batcher serves another running event loop; keep one per loop (the Redis "
+                "stores do)"
+            )
+        self._start(loop)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if len(self._queue) >= self.max_size:
@@ -153,21 +167,26 @@ class Batcher(Generic[T, R]):
         self.batches += 1
         self.calls += len(batch)
         start = time.perf_counter()
+        loop = batch[0][1].get_loop()
         replies: list[R | BaseException]
         try:
             replies = await self.execute_many([call for call, _ in batch])
         except Exception as exc:  # handed to every waiter of the batch, never lost
             replies = [exc] * len(batch)
         except BaseException:  # cancelled: no waiter may hang
-            for _, future in batch:
-                future.cancel()
+            if not loop.is_closed():
+                for _, future in batch:
+                    future.cancel()
             raise
         finally:
-            self._in_flight -= 1
+            if loop is self._loop:  # not a batch of a loop the batcher has left
+                self._in_flight -= 1
             if self.observer is not None:
                 self.observer.batch(len(batch), time.perf_counter() - start)
-            if self._queue:  # what queued during this round trip goes now, not at the timer
+            if self._queue and not loop.is_closed():  # what queued meanwhile goes now
                 self._flush()
+        if loop.is_closed():  # abandoned with its loop (collected later): nobody waits
+            return
         for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():  # the caller went away (cancelled)
                 continue

@@ -28,6 +28,12 @@ the shared sans-I/O ``codec``, as for ``RedisStore``.
 - **Batching**: async calls (plans and leases) in flight together ride in one pipeline per
   cluster primary (``cluster_batching.ClusterBatcher``), when the store is built from a URL;
   ``batching=None`` sends each through the cluster client. Sync calls are never batched.
+- **Nested calls** (``NestedStore``) carry the outermost level's hash tag on every key
+  (``nested_codec``): one slot, one script. An inner level's counter lives under that tag,
+  so it belongs to the outer key (``user:42`` under two orgs is two counters, as on every
+  store).
+- **Event loops**: the asyncio cluster client, its slot map and the batcher are kept per loop
+  (``loops.PerLoop``), built from the URL or a function given as ``async_client``.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder) are ``redis.leases`` over the same cluster clients and prefix: a caller key's lease
   set carries its hash tag, so the cluster client sends each script call to the slot's
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -49,12 +56,15 @@ from redis.retry import Retry
 
 from ...algorithms import Outcome
 from ...errors import ConfigError, StoreUnavailable
+from ...nested import NestedPlan, NestedReply
 from ...plan import Plan
+from ..loops import PerLoop
 from .batching import DEFAULT_BATCHING, Batching
 from .cluster_batching import ClusterBatcher
 from .codec import Codec, Command, admin_outcomes, fallback, outcomes
 from .layout import CompactLayout
 from .leases import AsyncRedisLeases, LeaseCall, RedisLeases
+from .nested_codec import nested_command, nested_reply
 from .pipeline import Call
 from .single import _check_timeout, client_options
 from .urls import address, check_url
@@ -80,7 +90,9 @@ class RedisClusterStore:
         url: str | None = None,
         *,
         client: redis.RedisCluster | None = None,
-        async_client: redis.asyncio.RedisCluster | None = None,
+        async_client: redis.asyncio.RedisCluster
+        | Callable[[], redis.asyncio.RedisCluster]
+        | None = None,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
@@ -99,29 +111,79 @@ class RedisClusterStore:
         self.prefix = prefix
         self.client = client
         self._lock = threading.Lock()
-        if async_client is None and url is not None:
-            async_client = redis.asyncio.RedisCluster.from_url(
-                url, retry=AsyncRetry(NoBackoff(), 0), **_options(self.socket_timeout)
-            )
-        self.async_client = async_client
-        self._async_ready = False
-        self.batcher: ClusterBatcher | None = None
-        if batching is not None and async_client is not None and url is not None:
-            self.batcher = ClusterBatcher(
-                async_client, url, self.codec, client_options(self.socket_timeout), batching,
-                self.ready, self._direct,
-            )  # fmt: skip
+        self._batching = batching
         self._leases: RedisLeases | None = None
-        self._direct_leases = (
-            None if async_client is None else AsyncRedisLeases(async_client, prefix)
+        given: redis.asyncio.RedisCluster | None = None
+        build: Callable[[], redis.asyncio.RedisCluster] | None = None
+        if isinstance(async_client, redis.asyncio.RedisCluster):
+            if url is None:
+                raise ConfigError(
+                    "RedisClusterStore(async_client=<a RedisCluster>) cannot build clients for "
+                    "other event loops; give the url too, or a function building the client "
+                    "(called once per loop)"
+                )
+            given, build = async_client, self._from_url
+        elif async_client is not None:
+            if not callable(async_client):
+                raise ConfigError(
+                    f"async_client={async_client!r} is invalid; expected a "
+                    "redis.asyncio.RedisCluster or a function building one"
+                )
+            build = async_client
+        elif url is not None:
+            build = self._from_url
+        self._loops: PerLoop[_ClusterAsync] | None = None
+        if build is not None:
+            first = given if given is not None else build()
+            make = build
+            self._loops = PerLoop(lambda: self._async_side(make()), self._async_side(first))
+
+    def _from_url(self) -> redis.asyncio.RedisCluster:
+        assert self.url is not None  # only chosen with a url
+        return redis.asyncio.RedisCluster.from_url(
+            self.url, retry=AsyncRetry(NoBackoff(), 0), **_options(self.socket_timeout)
         )
-        self._async_leases = (
-            None
-            if async_client is None
-            else AsyncRedisLeases(
-                async_client, prefix, None if self.batcher is None else self.batcher.submit
-            )
-        )
+
+    def _async_side(self, client: redis.asyncio.RedisCluster) -> _ClusterAsync:
+        """The batcher and leases over ``client``, for one event loop."""
+        side = _ClusterAsync(client, AsyncRedisLeases(client, self.prefix))
+        if self._batching is not None and self.url is not None:
+
+            async def ready() -> None:
+                await self._ready(side)
+
+            async def direct(call: Call) -> tuple[Any, ...]:
+                return await self._direct(side, call)
+
+            side.batcher = ClusterBatcher(
+                client, self.url, self.codec, client_options(self.socket_timeout), self._batching,
+                ready, direct,
+            )  # fmt: skip
+        submit = None if side.batcher is None else side.batcher.submit
+        side.leases = AsyncRedisLeases(client, self.prefix, submit)
+        return side
+
+    def _aio(self) -> _ClusterAsync:
+        loops = self._loops
+        if loops is None:
+            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        return loops.get()
+
+    @property
+    def async_client(self) -> redis.asyncio.RedisCluster | None:
+        """The asyncio cluster client of the running event loop (outside one: of the last)."""
+        side = None if self._loops is None else self._loops.current()
+        return None if side is None else side.client
+
+    @property
+    def batcher(self) -> ClusterBatcher | None:
+        """The running event loop's batcher (outside a loop: the last loop's)."""
+        side = None if self._loops is None else self._loops.current()
+        return None if side is None else side.batcher
+
+    def loops(self) -> int:
+        """Event loops holding asyncio clients of this store now (see ``stores.loops``)."""
+        return 0 if self._loops is None else self._loops.loops()
 
     def __repr__(self) -> str:
         return f"RedisClusterStore({self.address!r}, prefix={self.prefix!r})"
@@ -141,12 +203,12 @@ class RedisClusterStore:
 
     async def ping_async(self) -> None:
         """``ping`` on the asyncio cluster client."""
-        client = self.async_client
-        if client is None:
+        if self._loops is None:
             raise ConfigError("this RedisClusterStore has only a sync client; use ping")
+        side = self._loops.get()
         try:
-            await self._ready(client)
-            await client.ping(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
+            await self._ready(side)
+            await side.client.ping(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
         except _ERRORS as exc:
             raise self._unreachable(exc) from exc
 
@@ -201,13 +263,13 @@ class RedisClusterStore:
         return admin_outcomes(reply)
 
     async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
-        """The same as ``administer``, on the asyncio cluster client (never batched)."""
-        client = self.async_client
-        if client is None:
-            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+        """The same as ``administer``, on the running event loop's asyncio cluster client
+        (never batched)."""
+        side = self._aio()
+        client = side.client
         command = self.codec.admin(plan)
         try:
-            await self._ready(client)
+            await self._ready(side)
             try:
                 reply = await client.execute_command(*command)
             except NoScriptError:
@@ -245,43 +307,77 @@ class RedisClusterStore:
         return list(await asyncio.gather(*(self.execute_async(plan) for plan in plans)))
 
     async def ready(self) -> None:
-        """Load the asyncio client's slot map if it is not loaded yet (the service's batcher
-        routes plans by it)."""
-        if self.async_client is None:
-            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
-        await self._ready(self.async_client)
+        """Load the running event loop's asyncio client's slot map if it is not loaded yet
+        (the service's batcher routes plans by it)."""
+        await self._ready(self._aio())
 
-    async def _ready(self, client: redis.asyncio.RedisCluster) -> None:
+    async def _ready(self, side: _ClusterAsync) -> None:
         """Load the slot map once before the first command (see the module docstring)."""
-        if not self._async_ready:
-            await client.initialize()
-            self._async_ready = True
+        if not side.ready:
+            await side.client.initialize()
+            side.ready = True
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio cluster client: in its primary's batch of the
         calls in flight, or alone without batching."""
-        if self.batcher is not None:
-            result: tuple[Outcome, ...] = await self.batcher.submit(plan)
+        side = self._aio()
+        if side.batcher is not None:
+            result: tuple[Outcome, ...] = await side.batcher.submit(plan)
             return result
-        return await self._execute_async(plan)
+        return await self._execute_async(side, plan)
 
-    async def _direct(self, call: Call) -> tuple[Any, ...]:
+    async def _direct(self, side: _ClusterAsync, call: Call) -> tuple[Any, ...]:
         """One call through the cluster client, never batched (the batcher's way round a
         redirect or a lost node)."""
         if isinstance(call, LeaseCall):
-            assert self._direct_leases is not None  # the batcher exists only with a client
             try:
-                return await self._direct_leases.run(call)
+                return await side.direct_leases.run(call)
             except _ERRORS as exc:
                 raise _lease_unavailable(exc) from exc
-        return await self._execute_async(call)
+        if type(call) is NestedPlan:
+            return await self._nested_async(side, call)
+        assert isinstance(call, Plan)
+        return await self._execute_async(side, call)
 
-    async def _execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
-        client = self.async_client
-        if client is None:
-            raise ConfigError("this RedisClusterStore has only a sync client; use Limiter")
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan with one script call on its slot's primary (``NestedStore``)."""
+        command = nested_command(self.codec, plan)
         try:
-            await self._ready(client)
+            client = self._sync_client()
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the running event loop's asyncio cluster client
+        (batched per primary when batching)."""
+        side = self._aio()
+        if side.batcher is not None:
+            result: NestedReply = await side.batcher.submit(plan)
+            return result
+        return await self._nested_async(side, plan)
+
+    async def _nested_async(self, side: _ClusterAsync, plan: NestedPlan) -> NestedReply:
+        client = side.client
+        command = nested_command(self.codec, plan)
+        try:
+            await self._ready(side)
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))
+        except _ERRORS as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def _execute_async(self, side: _ClusterAsync, plan: Plan) -> tuple[Outcome, ...]:
+        client = side.client
+        try:
+            await self._ready(side)
             if plan.op == "reset":
                 await client.execute_command(*self.codec.reset(plan))
                 return ()
@@ -305,10 +401,11 @@ class RedisClusterStore:
         return leases
 
     async def _aio_leases(self) -> AsyncRedisLeases:
-        if self._async_leases is None or self.async_client is None:
+        if self._loops is None:
             raise ConfigError("this RedisClusterStore has only a sync client; use the sync classes")
-        await self._ready(self.async_client)
-        return self._async_leases
+        side = self._loops.get()
+        await self._ready(side)
+        return side.leases
 
     def acquire_lease(
         self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
@@ -363,16 +460,40 @@ class RedisClusterStore:
             self.client.close()
 
     async def aclose(self) -> None:
-        """Close the async client's connections (and the batcher's per-node ones)."""
-        if self.batcher is not None:
-            await self.batcher.aclose()
-        if self.async_client is not None:
-            await self.async_client.aclose()
+        """Close the running event loop's async connections (the cluster client's and the
+        batcher's per-node ones; see ``stores.loops`` for loops that closed)."""
+        side = None if self._loops is None else self._loops.pop_running()
+        if side is None:
+            return
+        if side.batcher is not None:
+            await side.batcher.aclose()
+        await side.client.aclose()
+
+
+class _ClusterAsync:
+    """One event loop's asyncio side of a ``RedisClusterStore``: its cluster client (and
+    whether its slot map is loaded), batcher and leases."""
+
+    __slots__ = ("batcher", "client", "direct_leases", "leases", "ready")
+
+    def __init__(self, client: redis.asyncio.RedisCluster, leases: AsyncRedisLeases) -> None:
+        self.client = client
+        self.ready = False
+        self.batcher: ClusterBatcher | None = None
+        self.direct_leases = leases
+        self.leases = leases
 
 
 def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(
         f"redis cluster could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _nested_unavailable(plan: NestedPlan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis cluster could not run nested {plan.op} of {len(plan.levels)} levels: "
         f"{type(exc).__name__}: {exc}"
     )
 

@@ -1,17 +1,18 @@
 """``ClusterBatcher``: request coalescing on a Redis Cluster, one batch per primary.
 
-A call (plan or lease call) goes to the primary that owns its slot in the cluster client's slot
-map and rides in that node's batch: a ``Batcher`` over a ``RedisPipeline`` on a plain connection
-to the node (same scheme, credentials and options as the cluster URL), so many decisions cost
-one round trip per node, as on a single Redis. Each call's keys share one hash tag, so one node
-holds them all.
+A call (plan, nested plan or lease call) goes to the primary that owns its slot in the
+cluster client's slot map and rides in that node's batch: a ``Batcher`` over a
+``RedisPipeline`` on a plain connection to the node (same scheme, credentials and options
+as the cluster URL), so many decisions cost one round trip per node, as on a single Redis.
+Each call's keys share one hash tag, so one node holds them all.
 
 The slot map can be stale (a resharded slot, a failover). A call the node refuses with
 ``MOVED`` or ``ASK``, or whose node connection was refused or dropped before any reply, is sent
 again through the cluster client (``direct``), which follows the redirect and refreshes its
 map; the next calls of that slot then go to the new owner's batch. A timeout is never re-sent
 (the script may have run): that call fails, and the limiter fails open. The cluster is one
-failure domain, as for ``RedisClusterStore`` (one circuit breaker).
+failure domain, as for ``RedisClusterStore`` (one circuit breaker). A ``ClusterBatcher`` serves
+one event loop: the store keeps one per loop with its cluster client (``loops.PerLoop``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from ...errors import NotSent
+from ...nested import NestedPlan
 from ...plan import Plan
 from .batching import Batcher, Batching
 from .codec import Codec
 from .keys import encode_tag
+from .nested_codec import nested_tag
 from .pipeline import Call, RedisPipeline
 
 Direct = Callable[[Call], Awaitable[tuple[Any, ...]]]
@@ -64,7 +67,12 @@ class ClusterBatcher:
         try:
             await self.ready()
             # every key of a call is hash-tagged ``{tag}``: the tag alone gives their slot
-            tag = self.codec.tag(call) if type(call) is Plan else encode_tag(call.key)
+            if type(call) is Plan:
+                tag = self.codec.tag(call)
+            elif type(call) is NestedPlan:
+                tag = nested_tag(self.codec, call)
+            else:
+                tag = encode_tag(call.key)
             slot = client.keyslot(tag)
             node = client.nodes_manager.get_node_from_slot(slot)
         except (RedisClusterException, RedisConnectionError, OSError):

@@ -1,10 +1,11 @@
 """``RedisPipeline``: a batch of calls on one Redis as one pipelined write and its replies.
 
 A call is a ``Plan`` (encoded by the Redis codec, so batched decisions are the same as
-``RedisStore``'s) or a ``LeaseCall``. No MULTI: each script is atomic on its own, and a batch
-needs no more. After ``NOSCRIPT`` replies (a restarted or flushed Redis) the first call that
-missed each script goes as ``EVAL`` with the source (which re-caches it) and the others are
-re-sent as one batch; a call that misses it again falls back to ``EVAL`` on its own. A
+``RedisStore``'s), a ``NestedPlan`` (``nested_codec``) or a ``LeaseCall``. No MULTI: each
+script is atomic on its own, and a batch needs no more. After ``NOSCRIPT`` replies (a
+restarted or flushed Redis) the first call that missed each script goes as ``EVAL`` with the
+source (which re-caches it) and the others are re-sent as one batch; a call that misses it
+again falls back to ``EVAL`` on its own. A
 ``reset`` (a plain ``DEL``, which never misses a script) starts a round trip of its own, so it
 can never overtake a call queued before it.
 
@@ -37,13 +38,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import NotSent, StoreUnavailable
+from ...nested import NestedPlan
 from ...plan import Plan
 from .codec import Codec, Command, fallback, outcomes, pack
 from .leases import LeaseCall, lease_reply
+from .nested_codec import nested_command, nested_reply
 
-Call = Plan | LeaseCall
+Call = Plan | NestedPlan | LeaseCall
 Result = tuple[Any, ...]
-"""A plan's outcomes (empty for refund and reset), or a lease call's two integers."""
+"""A plan's outcomes (empty for refund and reset), a nested plan's ``NestedReply``, or a lease
+call's two integers."""
 Reply = Result | BaseException
 
 
@@ -66,12 +70,16 @@ class RedisPipeline:
             if call.op == "reset":
                 return pack(self.codec.reset(call))
             return self.codec.packed(call)
+        if type(call) is NestedPlan:
+            return pack(nested_command(self.codec, call))
         assert isinstance(call, LeaseCall)
         return pack(call.command(self.codec.prefix))
 
     def _fallback(self, call: Call) -> Command:
         if type(call) is Plan:
             return fallback(self.codec.command(call))
+        if type(call) is NestedPlan:
+            return fallback(nested_command(self.codec, call))
         assert isinstance(call, LeaseCall)
         return call.fallback(self.codec.prefix)
 
@@ -225,12 +233,14 @@ class RedisPipeline:
         (NOSCRIPT: ``EVAL``)."""
         if _noscript(reply):
             reply = await self._eval(call)
-        what = call.op if type(call) is Plan else "a lease call"
+        what = call.op if isinstance(call, Plan | NestedPlan) else "a lease call"
         if isinstance(reply, BaseException):
             message = f"redis could not run {what}: {type(reply).__name__}: {reply}"
             if _redirect(reply):
                 return NotSent(message)  # a cluster node's redirect: it ran nothing
             return StoreUnavailable(message)
+        if type(call) is NestedPlan:
+            return nested_reply(call, reply)  # type: ignore[arg-type]  # a script's array
         if type(call) is not Plan:
             return lease_reply(reply)
         if call.op == "reset":

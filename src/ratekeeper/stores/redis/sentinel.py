@@ -17,12 +17,13 @@ replica Sentinel lists (round robin, skipping replicas Sentinel thinks are down)
 to the primary, as for ``Shard``.
 
 Connections get the store's ``socket_timeout`` (Sentinels too) and at most one immediate retry
-of a dropped connection, as ``RedisStore`` gives clients it builds.
+of a dropped connection, as ``RedisStore`` gives clients it builds. The asyncio clients, and the
+Sentinel manager each is found through, are built once per event loop (``stores.loops``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -103,23 +104,28 @@ def _address(url: str) -> tuple[str, int]:
 
 @dataclass(slots=True)
 class SentinelClients:
-    """The sync and asyncio clients of one Sentinel shard: primary, replicas, Sentinels."""
+    """The sync clients of one Sentinel shard (primary, replicas, Sentinels), and functions
+    building its asyncio ones: ``async_primary()``/``async_replicas()`` each make a client on
+    a Sentinel manager of its own, once per event loop (see ``stores.loops``)."""
 
     primary: redis.Redis
     replicas: redis.Redis
-    async_primary: redis.asyncio.Redis
-    async_replicas: redis.asyncio.Redis
     sentinel: redis.sentinel.Sentinel
-    async_sentinel: redis.asyncio.sentinel.Sentinel
+    async_primary: Callable[[], redis.asyncio.Redis]
+    async_replicas: Callable[[], redis.asyncio.Redis]
 
     def close(self) -> None:
         """Close the sync connections to the Sentinels (the stores close their own)."""
         for client in self.sentinel.sentinels:
             client.close()
 
-    async def aclose(self) -> None:
-        """Close the asyncio connections to the Sentinels."""
-        await self.async_sentinel.aclose()
+
+async def aclose_manager(client: redis.asyncio.Redis | None) -> None:
+    """Close the connections to the Sentinels of the manager behind an asyncio client made by
+    ``SentinelClients`` (the client's own connections are its store's to close)."""
+    pool = None if client is None else client.connection_pool
+    if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
+        await pool.sentinel_manager.aclose()
 
 
 def sentinel_clients(shard: SentinelShard, socket_timeout: float) -> SentinelClients:
@@ -130,20 +136,32 @@ def sentinel_clients(shard: SentinelShard, socket_timeout: float) -> SentinelCli
     on_servers = {**_options(shard.url), **timeouts}
     # one immediate retry of a dropped connection, never of a timeout (as RedisStore's clients)
     retry = Retry(NoBackoff(), 1, supported_errors=_DROPPED)
-    async_retry = AsyncRetry(NoBackoff(), 1, supported_errors=_DROPPED)
     # redis-py's Sentinel classes are untyped
     sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
         addresses, sentinel_kwargs={**on_sentinels, "retry": retry}, **on_servers
     )
-    async_sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        addresses, sentinel_kwargs={**on_sentinels, "retry": async_retry}, **on_servers
-    )
     service = shard.service
+
+    def manager() -> redis.asyncio.sentinel.Sentinel:
+        async_retry = AsyncRetry(NoBackoff(), 1, supported_errors=_DROPPED)
+        return redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            addresses, sentinel_kwargs={**on_sentinels, "retry": async_retry}, **on_servers
+        )
+
+    def async_primary() -> redis.asyncio.Redis:
+        async_retry = AsyncRetry(NoBackoff(), 1, supported_errors=_DROPPED)
+        client: redis.asyncio.Redis = manager().master_for(service, retry=async_retry)
+        return client
+
+    def async_replicas() -> redis.asyncio.Redis:
+        async_retry = AsyncRetry(NoBackoff(), 1, supported_errors=_DROPPED)
+        client: redis.asyncio.Redis = manager().slave_for(service, retry=async_retry)
+        return client
+
     return SentinelClients(
         sentinel.master_for(service, retry=retry),  # type: ignore[no-untyped-call]
         sentinel.slave_for(service, retry=retry),  # type: ignore[no-untyped-call]
-        async_sentinel.master_for(service, retry=async_retry),
-        async_sentinel.slave_for(service, retry=async_retry),
         sentinel,
-        async_sentinel,
+        async_primary,
+        async_replicas,
     )

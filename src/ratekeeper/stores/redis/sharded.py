@@ -19,6 +19,8 @@ handling and error wrapping are the same as on a single Redis.
   breaker per shard and a dead shard degrades only the keys it owns.
 - **Batching**: each server's ``RedisStore`` coalesces the async calls in flight to it
   (``batching``), so writes ride in one pipeline per primary and peeks one per replica.
+- **Nested calls** (``NestedStore``) go to the primary of the outermost key's shard, where
+  every level's counter lives (``nested_codec``): one script, all or nothing.
 - **Leases** (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and the fleet
   shedder): every lease call goes to the primary of the shard that owns the caller key, like a
   ``hit``; ``partition_key`` names that shard, so the concurrency limiter keeps one breaker
@@ -37,13 +39,14 @@ import redis.asyncio
 
 from ...algorithms import Outcome
 from ...errors import ConfigError, StoreUnavailable
+from ...nested import NestedPlan, NestedReply
 from ...plan import Plan
 from .batching import DEFAULT_BATCHING, Batching
 from .keys import check_prefix, encode_tag
 from .layout import CompactLayout, check_layout
 from .rendezvous import Rendezvous
 from .sentinel import SentinelClients, SentinelShard, sentinel_clients
-from .single import RedisStore
+from .single import AsyncClientSource, RedisStore
 from .urls import address, check_url, redact
 
 REPLICA_COOLDOWN_MS = 1000
@@ -99,7 +102,7 @@ class _Node:
         def store(
             url: str | None = None,
             client: redis.Redis | None = None,
-            async_client: redis.asyncio.Redis | None = None,
+            async_client: AsyncClientSource | None = None,
         ) -> RedisStore:
             return RedisStore(
                 url, client=client, async_client=async_client, prefix=prefix,
@@ -212,6 +215,22 @@ class ShardedRedisStore:
                 node.replica_failed(store, plan)
         try:
             return await primary.execute_async(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan on the primary of its outermost key's shard (``NestedStore``)."""
+        node = self._nodes[self.partition_key(plan.key)]
+        try:
+            return node.primary.execute_nested(plan)
+        except StoreUnavailable as exc:
+            raise _unavailable(node, exc) from exc
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the asyncio clients."""
+        node = self._nodes[self.partition_key(plan.key)]
+        try:
+            return await node.primary.execute_nested_async(plan)
         except StoreUnavailable as exc:
             raise _unavailable(node, exc) from exc
 
@@ -335,12 +354,10 @@ class ShardedRedisStore:
                 node.sentinel.close()
 
     async def aclose(self) -> None:
-        """Close every async client's connections."""
+        """Close the running event loop's async connections (see ``RedisStore.aclose``)."""
         for node in self._nodes:
             for store in (node.primary, *node.replicas):
                 await store.aclose()
-            if node.sentinel is not None:
-                await node.sentinel.aclose()
 
 
 def _unavailable(node: _Node, exc: StoreUnavailable) -> StoreUnavailable:

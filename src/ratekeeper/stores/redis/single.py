@@ -15,8 +15,14 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 - Async calls (plans and leases) that are in flight together are coalesced into one pipeline
   (``batching``; ``batching=None`` sends one ``EVALSHA`` per call) when the asyncio client is a
   plain ``redis.asyncio.Redis``. Sync calls are never batched.
+- The asyncio side (client, batcher, pipeline, leases) is kept per event loop (``loops``): a
+  second loop — another ``asyncio.run``, a thread with a loop of its own — gets clients of its
+  own, built from the URL, from the function given as ``async_client``, or as a twin of the
+  client given (same pool class and connection options).
 - Leases (``LeaseStore``/``AsyncLeaseStore``, for the concurrency limiter and fleet shedder)
-  are delegated to ``redis.leases`` over the same clients, prefix and batcher.
+  are delegated to ``leases`` over the same clients, prefix and batcher.
+- Nested calls and reservation steps (``NestedStore``) are one ``EVALSHA`` of the nested
+  script each (``nested_codec``), batched with the rest when async.
 - ``ping``/``ping_async`` check the server answers (at startup: building a store connects to
   nothing, so a wrong address would otherwise show only as degraded decisions); errors and
   ``repr`` name the server by ``address`` (``host:port/db``), never its password.
@@ -25,6 +31,8 @@ script after ``NOSCRIPT``, and wrapping driver errors in ``StoreUnavailable``. E
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -36,12 +44,16 @@ from redis.retry import Retry
 
 from ...algorithms import Outcome
 from ...errors import ConfigError, StoreUnavailable
+from ...nested import NestedPlan, NestedReply
 from ...plan import Plan
+from ..loops import PerLoop
 from .batching import DEFAULT_BATCHING, Batcher, Batching
 from .codec import Codec, Command, admin_outcomes, fallback, outcomes
 from .layout import CompactLayout
 from .leases import AsyncRedisLeases, RedisLeases
+from .nested_codec import nested_command, nested_reply
 from .pipeline import Call, RedisPipeline, Result
+from .sentinel import aclose_manager
 from .urls import address, check_url, redact, scrub
 
 _R = TypeVar("_R", Retry, AsyncRetry)
@@ -84,6 +96,49 @@ def client_address(client: Any) -> str:
     return f"{host}:{port}/{kwargs.get('db', 0)}"
 
 
+AsyncClientSource = redis.asyncio.Redis | Callable[[], redis.asyncio.Redis]
+"""An asyncio client, or a function building one (called once per event loop)."""
+
+
+@dataclass(slots=True)
+class _Async:
+    """One event loop's asyncio side of a ``RedisStore``."""
+
+    client: redis.asyncio.Redis
+    pipeline: RedisPipeline | None
+    batcher: Batcher[Call, Result] | None
+    leases: AsyncRedisLeases
+
+
+def _from_url(url: str, options: dict[str, Any]) -> Callable[[], redis.asyncio.Redis]:
+    """A function building asyncio clients for ``url`` (one per event loop)."""
+
+    def build() -> redis.asyncio.Redis:
+        return redis.asyncio.Redis.from_url(url, retry=_retry(AsyncRetry), **options)
+
+    return build
+
+
+def twin_client(client: redis.asyncio.Redis) -> Callable[[], redis.asyncio.Redis]:
+    """A function building clients like ``client`` (its pool's class and connection options),
+    for event loops other than the one ``client`` serves; ``ConfigError`` for a pool that
+    cannot be rebuilt from its options (pass a function building the client instead)."""
+    pool = client.connection_pool
+    if type(pool) not in (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool):
+        raise ConfigError(
+            f"async_client with a {type(pool).__name__} cannot be rebuilt for another event "
+            "loop; pass a function that builds the client (called once per loop) instead"
+        )
+    kind, options = type(pool), dict(pool.connection_kwargs)
+    connection_class, most = pool.connection_class, pool.max_connections
+
+    def build() -> redis.asyncio.Redis:
+        fresh = kind(connection_class=connection_class, max_connections=most, **options)
+        return redis.asyncio.Redis(connection_pool=fresh)
+
+    return build
+
+
 class RedisStore:
     """Runs plans on one Redis with the algorithms' Lua twins."""
 
@@ -92,7 +147,7 @@ class RedisStore:
         url: str | None = None,
         *,
         client: redis.Redis | None = None,
-        async_client: redis.asyncio.Redis | None = None,
+        async_client: AsyncClientSource | None = None,
         prefix: str = "rk",
         socket_timeout: float = 0.05,
         batching: Batching | None = DEFAULT_BATCHING,
@@ -108,32 +163,67 @@ class RedisStore:
             check_url(url)
         self.codec = Codec(prefix, layout, legacy_keys)
         self.prefix = prefix
+        self._batching = batching
         options = client_options(timeout)
+        build: Callable[[], redis.asyncio.Redis] | None = None
         try:
             if client is None and url is not None:
                 client = redis.Redis.from_url(url, retry=_retry(Retry), **options)
             if async_client is None and url is not None:
-                async_client = redis.asyncio.Redis.from_url(
-                    url, retry=_retry(AsyncRetry), **options
-                )
+                build = _from_url(url, options)
+                async_client = build()
         except ValueError as exc:  # redis-py's message may quote the URL: ours is redacted
             raise ConfigError(
                 f"url {redact(url)!r} is invalid: {scrub(str(exc), url or '')}"
             ) from None
+        if async_client is not None and not isinstance(async_client, redis.asyncio.Redis):
+            if not callable(async_client):
+                raise ConfigError(
+                    f"async_client={async_client!r} is invalid; expected a redis.asyncio.Redis "
+                    "or a function building one"
+                )
+            build, async_client = async_client, async_client()
         self.client = client
-        self.async_client = async_client
-        self.address = address(url) if url is not None else client_address(client or async_client)
-        self.batcher: Batcher[Call, Result] | None = None
-        if batching is not None and isinstance(async_client, redis.asyncio.Redis):
-            self.batcher = Batcher(RedisPipeline(async_client, self.codec), batching)
+        first = None if async_client is None else async_client
+        self.address = address(url) if url is not None else client_address(client or first)
+        self._loops: PerLoop[_Async] | None = None
+        if first is not None:
+            if build is None:
+                build = twin_client(first)
+            make = build
+            self._loops = PerLoop(lambda: self._async_side(make()), self._async_side(first))
         self._leases = None if client is None else RedisLeases(client, prefix)
-        self._async_leases = (
-            None
-            if async_client is None
-            else AsyncRedisLeases(
-                async_client, prefix, None if self.batcher is None else self.batcher.submit
-            )
-        )
+
+    def _async_side(self, client: redis.asyncio.Redis) -> _Async:
+        """The batcher and leases over ``client``, for one event loop."""
+        pipeline = batcher = None
+        if self._batching is not None and isinstance(client, redis.asyncio.Redis):
+            pipeline = RedisPipeline(client, self.codec)
+            batcher = Batcher(pipeline, self._batching)
+        submit = None if batcher is None else batcher.submit
+        return _Async(client, pipeline, batcher, AsyncRedisLeases(client, self.prefix, submit))
+
+    def _aio(self) -> _Async:
+        loops = self._loops
+        if loops is None:
+            raise ConfigError("this RedisStore has only a sync client; use Limiter")
+        return loops.get()
+
+    @property
+    def async_client(self) -> redis.asyncio.Redis | None:
+        """The asyncio client of the running event loop (outside a loop: of the last loop)."""
+        side = None if self._loops is None else self._loops.current()
+        return None if side is None else side.client
+
+    @property
+    def batcher(self) -> Batcher[Call, Result] | None:
+        """The batcher of the running event loop (outside a loop: of the last loop)."""
+        side = None if self._loops is None else self._loops.current()
+        return None if side is None else side.batcher
+
+    def loops(self) -> int:
+        """Event loops holding asyncio clients of this store now (see ``stores.loops``)."""
+        return 0 if self._loops is None else self._loops.loops()
 
     def __repr__(self) -> str:
         return f"RedisStore({self.address!r}, prefix={self.prefix!r})"
@@ -150,11 +240,10 @@ class RedisStore:
 
     async def ping_async(self) -> None:
         """``ping`` on the asyncio client."""
-        client = self.async_client
-        if client is None:
+        if self._loops is None:
             raise ConfigError("this RedisStore has only a sync client; use ping")
         try:
-            await client.ping()
+            await self._loops.get().client.ping()
         except (RedisError, OSError) as exc:
             raise self._unreachable(exc) from exc
 
@@ -184,19 +273,18 @@ class RedisStore:
     def execute_soon(self, plan: Plan) -> asyncio.Future[tuple[Outcome, ...]] | None:
         """``plan`` queued in the batch of the calls in flight (``QueuingStore``); None
         without batching."""
-        batcher = self.batcher
+        batcher = self._aio().batcher
         return None if batcher is None else batcher.enqueue(plan)
 
     async def execute_async(self, plan: Plan) -> tuple[Outcome, ...]:
         """The same as ``execute``, on the asyncio client: in the batch of the calls in flight
         (the batcher wraps errors in ``StoreUnavailable``), or alone without batching."""
-        batcher = self.batcher
+        side = self._aio()
+        batcher = side.batcher
         if batcher is not None:
             result: tuple[Outcome, ...] = await batcher.submit(plan)
             return result
-        client = self.async_client
-        if client is None:
-            raise ConfigError("this RedisStore has only a sync client; use Limiter")
+        client = side.client
         try:
             if plan.op == "reset":
                 await client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
@@ -209,6 +297,39 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
+
+    def execute_nested(self, plan: NestedPlan) -> NestedReply:
+        """Run one nested plan with one script call (``NestedStore``)."""
+        client = self.client
+        if client is None:
+            raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
+        command = nested_command(self.codec, plan)
+        try:
+            try:
+                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
+
+    async def execute_nested_async(self, plan: NestedPlan) -> NestedReply:
+        """The same as ``execute_nested``, on the asyncio client (in a batch when batching)."""
+        side = self._aio()
+        batcher = side.batcher
+        if batcher is not None:
+            result: NestedReply = await batcher.submit(plan)
+            return result
+        client = side.client
+        command = nested_command(self.codec, plan)
+        try:
+            try:
+                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except NoScriptError:
+                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+        except (RedisError, OSError) as exc:
+            raise _nested_unavailable(plan, exc) from exc
+        return nested_reply(plan, reply)
 
     def administer(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
         """An admin's reset, credit or debit with the peeks before and after, in one script
@@ -227,10 +348,9 @@ class RedisStore:
         return admin_outcomes(reply)
 
     async def administer_async(self, plan: Plan) -> tuple[tuple[Outcome, ...], tuple[Outcome, ...]]:
-        """The same as ``administer``, on the asyncio client (never batched)."""
-        client = self.async_client
-        if client is None:
-            raise ConfigError("this RedisStore has only a sync client; use Limiter")
+        """The same as ``administer``, on the running event loop's asyncio client (never
+        batched)."""
+        client = self._aio().client
         command = self.codec.admin(plan)
         try:
             try:
@@ -276,9 +396,9 @@ class RedisStore:
         return self._leases
 
     def _aio_leases(self) -> AsyncRedisLeases:
-        if self._async_leases is None:
+        if self._loops is None:
             raise ConfigError("this RedisStore has only a sync client; use the sync classes")
-        return self._async_leases
+        return self._loops.get().leases
 
     def acquire_lease(
         self, key: str, lease_id: str, capacity: int, now_ms: int, expires_ms: int
@@ -315,13 +435,26 @@ class RedisStore:
             self.client.close()
 
     async def aclose(self) -> None:
-        """Close the async client's connections."""
-        if self.async_client is not None:
-            await self.async_client.aclose()
+        """Close the running event loop's asyncio connections (a loop that closed has its
+        dropped when the next loop uses the store; see ``stores.loops``)."""
+        side = None if self._loops is None else self._loops.pop_running()
+        if side is None:
+            return
+        if side.pipeline is not None:
+            await side.pipeline.release_kept()
+        await side.client.aclose()
+        await aclose_manager(side.client)  # a Sentinel client's manager, if any
 
 
 def _unavailable(plan: Plan, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(
         f"redis could not run {plan.op} for {plan.policy.algorithm.NAME}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _nested_unavailable(plan: NestedPlan, exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"redis could not run nested {plan.op} of {len(plan.levels)} levels: "
         f"{type(exc).__name__}: {exc}"
     )
