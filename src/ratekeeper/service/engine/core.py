@@ -43,6 +43,7 @@ from ..metrics import Metrics
 from .cache import OverLimitCache
 from .fast import Admitted, FastHits
 from .keys import lease_token, parse_lease_token, store_key
+from .nested import Nested
 from .quotas import PlanService
 from .results import LeaseResult, Result, _result
 
@@ -79,6 +80,8 @@ class Engine:
         derived from ``spec()`` and the config (Envoy's resolved descriptors) is stale then."""
         self.fast = FastHits(self)
         """The fast hit on an in-process store (``answer_now`` asks it first)."""
+        self.nested = Nested(self)
+        """Nested decisions and reservations over the policies (``/v1/hit`` with levels)."""
         self._zero(config)
 
     def swap(self, config: ServiceConfig) -> None:
