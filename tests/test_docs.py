@@ -125,7 +125,7 @@ with TestClient(app) as client:
 """,
     ("docs/middleware.md", "queue_delay=delay"): """
 from ratekeeper.middleware import WorkerCheck
-from ratekeeper.signals import Worst
+from ratekeeper.overload.signals import Worst
 assert isinstance(check, WorkerCheck) and check.queue_delay is delay
 assert isinstance(check.shedder.utilization, Worst)
 assert 0 <= check.shedder.utilization() <= 1

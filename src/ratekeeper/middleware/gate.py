@@ -57,17 +57,17 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..admission import AdmissionCore, Ticket
 from ..clock import Clock
-from ..concurrency import Lease
 from ..decision import Decision, ascii_name
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
 from ..nested import NestedDecision
+from ..overload.admission import AdmissionCore, Ticket
+from ..overload.concurrency import Lease
+from ..overload.shedding import ShedderSettings, WorkerUtilizationShedder
+from ..overload.signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from ..rates import to_rates
 from ..reservations import Reservation
-from ..shedding import ShedderSettings, WorkerUtilizationShedder
-from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .checks import (
     CHECK_TYPES,
     AdmissionCheck,

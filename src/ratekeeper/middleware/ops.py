@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from ..admission import Ticket
-from ..concurrency import Lease
+from ..overload.admission import Ticket
+from ..overload.concurrency import Lease
 from ..reservations import Reservation
 
 Kind = Literal[

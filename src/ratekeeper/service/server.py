@@ -46,9 +46,9 @@ from typing import Any
 import grpc
 
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
+from ..overload.concurrency import AsyncConcurrencyLimiter
 from ..stores.base import AsyncPingable, AsyncStore, LocalStore
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore

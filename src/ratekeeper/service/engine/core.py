@@ -33,10 +33,10 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ...clock import Clock
-from ...concurrency import AsyncConcurrencyLimiter, Lease
 from ...decision import Decision
 from ...errors import BadRequest
 from ...limiter import AsyncLimiter, Pending
+from ...overload.concurrency import AsyncConcurrencyLimiter, Lease
 from ...plan import Op, decide
 from ..config.loader import ConcurrencySpec, PolicySpec, ServiceConfig
 from ..metrics import Metrics

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .clock import Clock
-from .errors import ConfigError
+from ..clock import Clock
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,10 +41,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .clock import Clock
+from ..clock import Clock
+from ..errors import ConfigError
+from ..stores.leases import AsyncLeaseStore, LeaseStore
 from .concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter, Lease, check_capacity
-from .errors import ConfigError
-from .stores.leases import AsyncLeaseStore, LeaseStore
 
 DEFAULT_TIERS = ("critical", "post", "get", "test")
 """Priority tiers, most important first: critical methods, POSTs, GETs, test-mode traffic."""

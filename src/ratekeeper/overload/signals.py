@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from .clock import Clock
-from .errors import ConfigError
+from ..clock import Clock
+from ..errors import ConfigError
 
 Signal = Callable[[], float]
 """A zero-argument callable returning a utilization in [0, 1]."""

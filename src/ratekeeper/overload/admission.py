@@ -30,9 +30,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from ..clock import Clock
+from ..errors import ConfigError
 from .adaptive import GradientLimit
-from .clock import Clock
-from .errors import ConfigError
 from .shedding import DEFAULT_TIERS, check_tiers
 from .signals import LoopLag
 

@@ -36,12 +36,12 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .breaker import Breaker
-from .clock import Clock
-from .errors import ConfigError, StoreUnavailable
-from .plan import check_key
-from .stores.base import KeyPartitioned
-from .stores.leases import AsyncLeaseStore, LeaseStore
+from ..breaker import Breaker
+from ..clock import Clock
+from ..errors import ConfigError, StoreUnavailable
+from ..plan import check_key
+from ..stores.base import KeyPartitioned
+from ..stores.leases import AsyncLeaseStore, LeaseStore
 
 log = logging.getLogger("ratekeeper")
 
