@@ -10,7 +10,7 @@ One folder per face, the decision engine below them, the process above:
 - the process: ``server`` (build the store, limiter and engine, serve HTTP and gRPC, reload),
   ``supervisor`` (``--workers``), ``lifecycle`` (signals, heartbeats), ``reloads``, ``logs``,
   ``statsd`` (upstream's statsd counters), ``auth`` (bearer tokens), and the subcommands
-  ``cli``, ``check_config`` and ``admin_cli``.
+  ``cli``, ``check_config``, ``admin_cli`` and ``healthcheck`` (a probe of a running service).
 
 This package's ``__init__`` imports nothing, so ``ratekeeper.service.cli`` can be imported
 without the extra installed.
