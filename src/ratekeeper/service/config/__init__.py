@@ -6,8 +6,10 @@
 - ``policies``: named rate stacks and concurrency caps; ``settings``: ``store:`` and ``auth:``;
   ``quotas``: the ``quotas:`` section (tenants' plans);
 - ``envoy``: Envoy-format domains compiled into descriptor trees; ``rlqs``: the ``rlqs:`` section;
-- ``yaml_lines``: YAML that remembers each entry's line; ``files``: which files ``--config``
-  names; ``watch``: reload when they change.
+- ``files``: which files ``--config`` names; ``watch``: reload when they change.
+
+The YAML that remembers each entry's line is ``ratekeeper.yaml_lines`` (the quota plans'
+files read it too).
 """
 
 from .loader import EXAMPLE as EXAMPLE

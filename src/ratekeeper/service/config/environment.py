@@ -482,7 +482,7 @@ def lay_over(docs: list[tuple[int, str, Any]], sections: Mapping[str, Mapping[st
     path, parsed ``Map``): a key the environment sets replaces the file's, a store address
     replaces the file's address of any kind. Returns a new settings document when no file has
     one (the caller adds it as ``<environment>``), else None."""
-    from .yaml_lines import Map
+    from ...yaml_lines import Map
 
     if not sections:
         return None
@@ -513,7 +513,7 @@ def lay_over(docs: list[tuple[int, str, Any]], sections: Mapping[str, Mapping[st
 
 
 def _as_map(value: Mapping[str, Any], line: int) -> Any:
-    from .yaml_lines import Map
+    from ...yaml_lines import Map
 
     out = Map(value)
     out.line = getattr(value, "line", line)

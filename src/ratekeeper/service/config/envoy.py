@@ -31,8 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...rates import UNIT_MS, Rate
-from .policies import PolicySpec, policy_from
-from .yaml_lines import (
+from ...yaml_lines import (
     Map,
     Problem,
     Problems,
@@ -43,6 +42,7 @@ from .yaml_lines import (
     need_seq,
     no_unknown,
 )
+from .policies import PolicySpec, policy_from
 
 UNITS = {"SECOND": 1, "MINUTE": 2, "HOUR": 3, "DAY": 4, "MONTH": 5, "YEAR": 6, "WEEK": 7}
 """Envoy's ``RateLimitUnit`` enum numbers (UNKNOWN is 0)."""

@@ -28,6 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...yaml_lines import (
+    Map,
+    Problem,
+    Problems,
+    need_bool,
+    need_int,
+    need_map,
+    need_seq,
+    no_unknown,
+    parse,
+)
 from . import environment
 from .envoy import (
     UNIT_SECONDS,
@@ -48,17 +59,6 @@ from .settings import AuthSettings as AuthSettings
 from .settings import ShardSettings as ShardSettings
 from .settings import StoreSettings as StoreSettings
 from .settings import check_token, read_auth, read_store
-from .yaml_lines import (
-    Map,
-    Problem,
-    Problems,
-    need_bool,
-    need_int,
-    need_map,
-    need_seq,
-    no_unknown,
-    parse,
-)
 
 EXAMPLE = Path(__file__).with_name("example.yaml")
 """The built-in example policy file used by ``ratekeeper serve`` without ``--config``."""

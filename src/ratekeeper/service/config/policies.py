@@ -11,7 +11,7 @@ from typing import Any
 from ...errors import ConfigError, RateSpecError
 from ...plan import Policy, make_policy
 from ...rates import Rate
-from .yaml_lines import Map, Problem
+from ...yaml_lines import Map, Problem
 
 
 @dataclass(frozen=True, slots=True)

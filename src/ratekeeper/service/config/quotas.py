@@ -31,8 +31,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...quotas import Plans
+from ...yaml_lines import Map, Problem, Problems, need_map, no_unknown
 from .policies import PolicySpec
-from .yaml_lines import Map, Problem, Problems, need_map, no_unknown
 
 KEYS = frozenset(
     {

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...yaml_lines import Map, Problem, Problems, need_int, need_map, need_seq, no_unknown
 from .policies import PolicySpec, policy_from
-from .yaml_lines import Map, Problem, Problems, need_int, need_map, need_seq, no_unknown
 
 UNMATCHED = ("no_assignment", "allow", "deny")
 MAX_LIMIT_MRPS = 10**12

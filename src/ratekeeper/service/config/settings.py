@@ -14,7 +14,16 @@ from ...errors import ConfigError
 from ...stores.redis.layout import CompactLayout
 from ...stores.redis.sentinel import SentinelShard
 from ...stores.redis.urls import check_url, redact
-from .yaml_lines import Map, Problem, Problems, need_bool, need_int, need_map, need_seq, no_unknown
+from ...yaml_lines import (
+    Map,
+    Problem,
+    Problems,
+    need_bool,
+    need_int,
+    need_map,
+    need_seq,
+    no_unknown,
+)
 
 
 @dataclass(frozen=True, slots=True)
