@@ -20,19 +20,40 @@ body chunk go out) each reservation becomes one operation, once:
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..decision import Decision
 from ..errors import ConfigError
 from ..nested import NestedDecision
 from ..reservations import Reservation
-from .checks import NestedCheck
+from .checks import Check, NestedCheck
 from .costs import Usage
 from .ops import Degraded, Op, unwrap
 from .request import RequestInfo
 from .responses import Rejection, rate_rejection, wants_problem
 
-if TYPE_CHECKING:
-    from .gate import Admission, Gate
+
+class Admission(Protocol):
+    """What the walk and the settles use of a request's ``gate.Admission`` (``gate`` imports
+    this module)."""
+
+    request: RequestInfo | None
+    usage: Usage | None
+    best: tuple[str, Decision, str | None, str] | None
+    settled: bool
+    charged: list[Op]
+    rejection: Rejection | None
+    aborted: bool
+    key: str | None
+
+
+class Gate(Protocol):
+    """What the settles use of the ``gate.Gate``."""
+
+    checks: list[Check]
+
+    def keeps(self, position: int, status: int) -> bool: ...
+    def failed_open(self, name: str, exc: BaseException, count: bool = True) -> None: ...
 
 
 def nested_walk(
