@@ -6,7 +6,8 @@ One folder per face, the decision engine below them, the process above:
 - ``envoy/``: Envoy's protocols, ``ShouldRateLimit`` over gRPC and the quota service (``rlqs/``);
 - ``config/``: the configuration language (ours and Envoy ratelimit's) -> ``ServiceConfig``;
 - ``engine``: a parsed request -> a decision (named policies, Envoy descriptors, leases,
-  the over-limit cache); ``metrics``: what every face counts (Prometheus);
+  the over-limit cache); ``metrics``: what every face counts (Prometheus; ``rlqs_stats``
+  the quota service's buckets);
 - the process: ``server`` (build the store, limiter and engine, serve HTTP and gRPC, reload),
   ``supervisor`` (``--workers``), ``lifecycle`` (signals, heartbeats), ``reloads``, ``logs``,
   ``statsd`` (upstream's statsd counters), ``auth`` (bearer tokens), and the subcommands

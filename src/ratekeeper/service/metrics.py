@@ -15,7 +15,7 @@ Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabular
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
 - ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``);
-- ``rlqs_*``: the quota service's buckets and streams (``rlqs.stats``).
+- ``rlqs_*``: the quota service's buckets and streams (``rlqs_stats``).
 
 Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
 ``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
@@ -51,7 +51,7 @@ from ..stores.base import AsyncNestedStore, AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
 from ..stores.redis.sharded import ShardedRedisStore
-from .envoy.rlqs.stats import RlqsStats
+from .rlqs_stats import RlqsStats
 
 _perf_counter = time.perf_counter
 TOP_KEYS = 64

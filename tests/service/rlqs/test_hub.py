@@ -23,8 +23,8 @@ from ratekeeper.service.envoy.rlqs.hub import (
     token_bucket,
 )
 from ratekeeper.service.envoy.rlqs.state import MemoryQuotaState, QuotaState
-from ratekeeper.service.envoy.rlqs.stats import MAX_LABELS, OTHER
 from ratekeeper.service.metrics import Metrics
+from ratekeeper.service.rlqs_stats import MAX_LABELS, OTHER
 
 T = TypeVar("T")
 CONFIG = """\

@@ -3,7 +3,7 @@ JSON; client token) and ``POST /dashboard/modes`` (a toggle; admin token), route
 ``http.routes.ROUTES`` like every other route. The page and the data are ``ratekeeper.dashboard``'s;
 here the engine's policies are its toggles: ``off`` is ``enabled: false`` (the kill switch),
 ``shadow`` is ``shadow: true``, until the next reload, as ``POST /v1/admin/policies/{name}``.
-The data also lists Envoy's quota buckets (``rlqs``: ``rlqs.stats.Row`` each).
+The data also lists Envoy's quota buckets (``rlqs``: ``rlqs_stats.Row`` each).
 """
 
 from __future__ import annotations

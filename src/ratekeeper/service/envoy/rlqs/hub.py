@@ -46,9 +46,9 @@ from ....errors import BadRequest, StoreUnavailable
 from ...config.policies import PolicySpec
 from ...config.rlqs import BucketRule, RlqsSettings, limit_mrps
 from ...engine import Engine
+from ...rlqs_stats import RlqsStats, Row
 from .allocator import MRPS, Grant, Step
 from .state import QuotaState
-from .stats import RlqsStats, Row
 
 log = logging.getLogger("ratekeeper.service")
 
