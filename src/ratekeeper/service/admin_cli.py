@@ -1,6 +1,6 @@
 """``ratekeeper admin``: a caller's status and support's admin operations, from a shell.
 
-Two ways, the same operations and answers (``quota_routes``):
+Two ways, the same operations and answers (``http.quotas``):
 
 - against a running service: ``--url http://host:port`` with the admin token
   (``--token`` or ``RATEKEEPER_ADMIN_TOKEN``); the service writes the audit entry;

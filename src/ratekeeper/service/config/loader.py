@@ -5,7 +5,7 @@ Two formats are read, and may be mixed across files (``--config`` can be repeate
 directory stands for every file in it, as envoyproxy/ratelimit's runtime directory):
 
 - ours: ``store``, ``auth``, ``limits``, ``envoy`` (upstream's global settings, see
-  ``envoy_config.EnvoySettings``), ``policies`` (named rate stacks with algorithm and options,
+  ``config.envoy.EnvoySettings``), ``policies`` (named rate stacks with algorithm and options,
   ``shadow``, ``enabled``; or ``kind: concurrency`` with ``capacity`` and ``lease_ttl``: at
   most N requests in progress per key) and ``domains`` (a list of Envoy-format domains);
 - envoyproxy/ratelimit's, as is: a file whose top level is ``domain`` + ``descriptors``, read
@@ -101,7 +101,7 @@ class ServiceConfig:
     rlqs: RlqsSettings = field(default_factory=RlqsSettings)
     """Envoy's quota buckets -> policies, and the quota service's settings (``rlqs/``)."""
     quotas: QuotaSettings | None = None
-    """The plans and their source (``quotas:``, ``quota_config``); None: no plans."""
+    """The plans and their source (``quotas:``, ``config.quotas``); None: no plans."""
 
 
 # --- loading ----------------------------------------------------------------------------------

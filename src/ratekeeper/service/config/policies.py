@@ -35,7 +35,7 @@ class PolicySpec:
     """The ``policy`` label of its metrics when not ``name`` (an Envoy limit override's name
     holds the caller's rate, which must not become a label value)."""
     plan: str = ""
-    """The plans' limit this policy counts (``rate: plan:<limit>``; ``quota_config``), else
+    """The plans' limit this policy counts (``rate: plan:<limit>``; ``config.quotas``), else
     empty: its ``policy`` is then the default plan's, for descriptions only."""
 
 

@@ -73,7 +73,7 @@ class Engine:
         self.overrides: dict[str, tuple[bool, bool, bool]] = {}
         """Runtime toggles by policy: enabled, shadow, blocked (until the next reload)."""
         self.plans = PlanService(limiter)
-        """The plans of ``plan:<limit>`` policies and the admin tools (``quota_runtime``)."""
+        """The plans of ``plan:<limit>`` policies and the admin tools (``engine.quotas``)."""
         self.plans.apply(config.quotas)
         self.generation = 0
         """Changes whenever a policy may answer differently (reload, toggle): what callers
@@ -331,7 +331,7 @@ class Engine:
 
     async def ask(self, op: str, spec: PolicySpec, key: str, cost: int, stored: str) -> Result:
         """The store's answer to what ``decide_now`` could not decide."""
-        if spec.plan:  # the caller's tenant's limit (``quota_config``)
+        if spec.plan:  # the caller's tenant's limit (``config.quotas``)
             call = self.limiter.hit if op == "hit" else self.limiter.peek
             return self.settle(spec, key, cost, await call(key, spec.rate_text, cost=cost))
         kind: Op = "hit" if op == "hit" else "peek"

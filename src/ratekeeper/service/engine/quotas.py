@@ -92,7 +92,7 @@ def build_quotas(settings: QuotaSettings, recent: MemoryAudit) -> Quotas:
     if settings.audit_file:
         sinks.append(FileAudit(settings.audit_file))
     if settings.audit_stream:
-        assert source is not None  # quota_config refuses audit_stream without source: redis
+        assert source is not None  # config.quotas refuses audit_stream without source: redis
         sinks.append(RedisAudit(source.client, settings.audit_stream))
     tenant: Callable[[str], str] | None = None
     separator = settings.tenant_separator

@@ -16,7 +16,7 @@ caller's tenant's limit, any other on the policy's counters of the key. ``/v1/st
 the plans' limits of the key's tenant (when plans are configured) and every rate policy's
 state for the key (``/v1/hit``'s counters), each with where it comes from.
 
-Each change is written to the audit log (``quota_runtime``) with who made it: the token that
+Each change is written to the audit log (``engine.quotas``) with who made it: the token that
 authorised the call (``admin token``, or ``no token`` on a service without tokens) and the
 client's address, and the ``by`` the caller names (the person at the support desk).
 Overrides and plan changes need ``quotas.source: redis`` (a plans file is changed by editing
@@ -53,7 +53,7 @@ MAX_COUNT = 1000
 
 
 def routes() -> list[tuple[str, str, str]]:
-    """(method, path, access) of every route here (``http.ROUTES`` takes them)."""
+    """(method, path, access) of every route here (``routes.ROUTES`` takes them)."""
     found = [("GET", "/v1/status", "client"), ("GET", ADMIN + "audit", "admin")]
     found += [("POST", ADMIN + action, "admin") for action in ACTIONS]
     return found

@@ -46,7 +46,7 @@ def default_max_connections() -> int:
 
 class HttpServer:
     """Serves ``app`` (ASGI) on a listening socket; ``front``: the app's decision routes and
-    head checks (``http_connection.Front``), None for a plain ASGI app."""
+    head checks (``connection.Front``), None for a plain ASGI app."""
 
     def __init__(self, app: App, settings: HttpSettings, front: Front | None = None) -> None:
         self.app = app
