@@ -145,9 +145,10 @@ class Nested:
                 raise BadRequest(field, f"{field} is {short(item)}; expected an object "
                                  '{"policy", "key", "cost"?}')  # fmt: skip
             unknown = sorted(set(item) - LEVEL_FIELDS)
-            if unknown:
-                raise BadRequest(f"{field}.{unknown[0]}", f"{field}: unknown field "
-                                 f"{unknown[0]!r}; expected policy, key, cost")  # fmt: skip
+            if unknown:  # the level, not the name: a client's text never becomes a label
+                shown = short(unknown[0])
+                raise BadRequest(field, f"{field}: unknown field {shown}; expected policy, key, "
+                                 "cost")  # fmt: skip
             spec = engine.spec(item.get("policy"))
             if spec.plan:  # its rates are the default plan's, for descriptions only
                 raise BadRequest(
