@@ -45,7 +45,7 @@ import redis.asyncio
 
 from benchmarks.bench_service import cpu_seconds
 from ratekeeper import AsyncLimiter, RedisStore
-from ratekeeper.stores.redis_codec import script
+from ratekeeper.stores.redis.codec import script
 from tests.redis_servers import RedisServer
 
 TASKS = 64

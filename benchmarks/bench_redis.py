@@ -39,8 +39,8 @@ from typing import Any
 import redis
 
 from ratekeeper import Limiter, ManualClock, RedisStore
-from ratekeeper.stores.layout import CompactLayout
-from ratekeeper.stores.redis_codec import Codec, fallback, script
+from ratekeeper.stores.redis.codec import Codec, fallback, script
+from ratekeeper.stores.redis.layout import CompactLayout
 from tests.redis_servers import free_port
 
 ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]

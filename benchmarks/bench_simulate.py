@@ -53,9 +53,9 @@ from datetime import UTC, datetime
 from ratekeeper import Limiter, ManualClock, MemoryStore
 from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.plan import make_policy
-from ratekeeper.simulate.lines import open_log
-from ratekeeper.simulate.logs import LogReader
 from ratekeeper.simulate.onerate import OneRate
+from ratekeeper.simulate.reading.lines import open_log
+from ratekeeper.simulate.reading.logs import LogReader
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 
@@ -153,10 +153,10 @@ from ratekeeper import ManualClock
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget
 try:
-    from ratekeeper.simulate.lines import open_log
+    from ratekeeper.simulate.reading.lines import open_log
 except ImportError:  # before lines.py
-    from ratekeeper.simulate.logs import open_log
-from ratekeeper.simulate.logs import LogReader
+    from ratekeeper.simulate.reading.logs import open_log
+from ratekeeper.simulate.reading.logs import LogReader
 row, path = sys.argv[1], sys.argv[2]
 started = time.process_time()
 if row == "read":

@@ -44,7 +44,7 @@ async def drive(path: str, calls: int, config: Path) -> None:
 
     service = Service(ServeOptions((str(config),)))
     if path.startswith("grpc"):
-        from ratekeeper.service.grpc_rls import RateLimitServicer, ThreadServicer, run_inline
+        from ratekeeper.service.envoy.servicer import RateLimitServicer, ThreadServicer, run_inline
 
         entry = common_pb.RateLimitDescriptor.Entry(key="user", value="42")
         raw = pb.RateLimitRequest(

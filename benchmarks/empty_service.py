@@ -7,7 +7,7 @@ cap on calls at once, ``server.tune_process``, one uvloop event loop). The gRPC 
 on ``grpc.aio`` (``--grpc-threads 0``, the default, as ``ratekeeper serve``) or on the
 standard ``grpc.server`` with that many handler threads.
 ``--inline``: the fixed decision is answered by the HTTP connection itself, as ``ratekeeper
-serve`` answers its decision routes (``http_connection``), the ceiling of that path.
+serve`` answers its decision routes (``http.connection``), the ceiling of that path.
 ``bench_service.py`` runs these beside the service and divides.
 
     python benchmarks/empty_service.py --port 0 --grpc-port 0 [--inline]
@@ -25,8 +25,8 @@ import grpc
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
 from ratekeeper.errors import BadRequest
-from ratekeeper.service.grpc_rls import SERVICE
-from ratekeeper.service.http_server import HttpServer
+from ratekeeper.service.envoy.servicer import SERVICE
+from ratekeeper.service.http.server import HttpServer
 from ratekeeper.service.server import (
     GRPC_MAX_CALLS,
     ServeOptions,
@@ -57,7 +57,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class InlineApp:
-    """``app``, with the fixed decision answered by the connection (``http_connection``)."""
+    """``app``, with the fixed decision answered by the connection (``http.connection``)."""
 
     inline_paths = frozenset({"/v1/hit"})
     answer = (200, BODY, HEADERS)

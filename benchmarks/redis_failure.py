@@ -24,7 +24,7 @@ from ratekeeper import (
     Shard,
     ShardedRedisStore,
 )
-from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.redis.keys import redis_key
 from tests import redis_servers as rs
 
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from ratekeeper import AdmissionQueue, AsyncAdmissionQueue, LoopLag, ManualClock
-from ratekeeper.admission import AdmissionCore
 from ratekeeper.errors import ConfigError
+from ratekeeper.overload.admission import AdmissionCore
 
 
 def core(limit: int = 2, clock: ManualClock | None = None) -> AdmissionCore:

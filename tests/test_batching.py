@@ -14,9 +14,9 @@ from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore, Store
 from ratekeeper.algorithms import ALGORITHMS, Outcome
 from ratekeeper.errors import ConfigError
 from ratekeeper.plan import Plan
-from ratekeeper.stores.batching import Batcher, Batching
-from ratekeeper.stores.keys import redis_key
-from ratekeeper.stores.pipeline import RedisPipeline, Reply
+from ratekeeper.stores.redis.batching import Batcher, Batching
+from ratekeeper.stores.redis.keys import redis_key
+from ratekeeper.stores.redis.pipeline import RedisPipeline, Reply
 from tests import redis_servers as rs
 
 

@@ -28,7 +28,7 @@ from ratekeeper import (
     RedisClusterStore,
     ShardedRedisStore,
 )
-from ratekeeper.stores.batching import Batching
+from ratekeeper.stores.redis.batching import Batching
 from tests.conftest import redis_store
 
 KEYS = ["a", "b", "user:42", "ключ {x}", "#h"]

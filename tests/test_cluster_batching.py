@@ -10,10 +10,10 @@ import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, RedisClusterStore
 from ratekeeper.errors import ConfigError
-from ratekeeper.stores.batching import Batching
-from ratekeeper.stores.cluster_batching import ClusterBatcher, node_url
-from ratekeeper.stores.keys import redis_key
-from ratekeeper.stores.pipeline import RedisPipeline
+from ratekeeper.stores.redis.batching import Batching
+from ratekeeper.stores.redis.cluster_batching import ClusterBatcher, node_url
+from ratekeeper.stores.redis.keys import redis_key
+from ratekeeper.stores.redis.pipeline import RedisPipeline
 from tests import redis_servers as rs
 from tests.test_cluster_store import begin_migration, errors, finish_migration, owner_of
 

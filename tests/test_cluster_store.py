@@ -15,7 +15,7 @@ from ratekeeper import (
     RedisClusterStore,
     StoreUnavailable,
 )
-from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.redis.keys import redis_key
 from tests import redis_servers as rs
 
 TIMEOUT = 2.0  # these tests check behaviour on a shared machine, not latency

@@ -21,7 +21,7 @@ from ratekeeper import (
     ShardedRedisStore,
 )
 from ratekeeper.errors import ConfigError
-from ratekeeper.stores.layout import CompactLayout, bucket_tag, compact_field
+from ratekeeper.stores.redis.layout import CompactLayout, bucket_tag, compact_field
 from tests import redis_servers as rs
 from tests.conftest import redis_store
 from tests.test_redis_parity import ALGORITHMS, scenarios

@@ -21,9 +21,9 @@ from ratekeeper import (
     ShardedRedisStore,
 )
 from ratekeeper.errors import ConfigError, StoreUnavailable
-from ratekeeper.stores.keys import redis_key
 from ratekeeper.stores.leases import LeaseStore
-from ratekeeper.stores.redis_leases import AsyncRedisLeases, RedisLeases
+from ratekeeper.stores.redis.keys import redis_key
+from ratekeeper.stores.redis.leases import AsyncRedisLeases, RedisLeases
 from tests import redis_servers as rs
 
 

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from ratekeeper.metrics import METRICS
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from tests.service.proc import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,9 +88,9 @@ def params(lang: str) -> list[object]:
 
 RUNNER = """\
 import sys
-for name, cls in (("redis", "RedisStore"), ("sharded", "ShardedRedisStore"),
+for name, cls in (("single", "RedisStore"), ("sharded", "ShardedRedisStore"),
                   ("cluster", "RedisClusterStore")):
-    module = __import__("ratekeeper.stores." + name, fromlist=[cls])
+    module = __import__("ratekeeper.stores.redis." + name, fromlist=[cls])
     defaults = getattr(module, cls).__init__.__kwdefaults__
     if defaults and "socket_timeout" in defaults:
         defaults["socket_timeout"] = 5.0
@@ -125,7 +125,7 @@ with TestClient(app) as client:
 """,
     ("docs/middleware.md", "queue_delay=delay"): """
 from ratekeeper.middleware import WorkerCheck
-from ratekeeper.signals import Worst
+from ratekeeper.overload.signals import Worst
 assert isinstance(check, WorkerCheck) and check.queue_delay is delay
 assert isinstance(check.shedder.utilization, Worst)
 assert 0 <= check.shedder.utilization() <= 1
@@ -407,7 +407,7 @@ def test_the_reference_names_every_flag_and_config_key() -> None:
         if flag not in ("-h", "--help")
     }
     assert {f for f in flags if not _named(f)} == set()
-    schema = json.loads((ROOT / "src/ratekeeper/service/schema.json").read_text())
+    schema = json.loads((ROOT / "src/ratekeeper/service/config/schema.json").read_text())
     keys: set[str] = set()
 
     def walk(node: object) -> None:

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from ratekeeper import CompactLayout, Limiter, ManualClock, RedisStore
-from ratekeeper.stores.keys import redis_key
-from ratekeeper.stores.layout import bucket_tag, compact_field
+from ratekeeper.stores.redis.keys import redis_key
+from ratekeeper.stores.redis.layout import bucket_tag, compact_field
 
 NOW_MS = 1_700_000_000_000
 MINUTE = 60_000

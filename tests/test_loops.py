@@ -30,8 +30,8 @@ from ratekeeper import (
     ShardedRedisStore,
 )
 from ratekeeper.errors import ConfigError
-from ratekeeper.stores.batching import Batcher
 from ratekeeper.stores.loops import PerLoop
+from ratekeeper.stores.redis.batching import Batcher
 from tests import redis_servers as rs
 
 LIMIT = 5

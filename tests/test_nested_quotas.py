@@ -22,7 +22,7 @@ from ratekeeper.middleware import (
     keys,
 )
 from ratekeeper.nested import Level
-from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.redis.keys import redis_key
 from tests.nested_stores import NESTED_STORES, close, nested_store
 
 JAN_END = datetime(2026, 1, 31, 23, 58, tzinfo=UTC).timestamp()

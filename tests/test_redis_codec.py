@@ -12,7 +12,7 @@ from ratekeeper.algorithms import ALGORITHMS
 from ratekeeper.clock import ManualClock
 from ratekeeper.limiter import _Core
 from ratekeeper.plan import Op
-from ratekeeper.stores.redis_codec import Codec, outcomes, pack, script
+from ratekeeper.stores.redis.codec import Codec, outcomes, pack, script
 
 RATES = ["5/minute", "2/second; 100/minute", "10/30s; 500/hour; 9000/day"]
 OPS: list[Op] = ["hit", "peek", "refund"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ratekeeper import Limiter
-from ratekeeper.stores.acl import acl_commands, acl_rule
+from ratekeeper.stores.redis.acl import acl_commands, acl_rule
 from tests import redis_servers as rs
 from tests.redis_tls import OPENSSL, TLSRedisServer, make_certs
 

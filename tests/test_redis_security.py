@@ -1,5 +1,5 @@
 """Secured Redis: TLS (certificates made here with openssl), a password, and an ACL user with
-exactly the rule of ``stores.acl`` — every store operation works as that user, taking away any
+exactly the rule of ``stores.redis.acl`` — every store operation works as that user, taking away any
 one command of the rule breaks one, and the password never shows in errors, reprs, logs,
 ``stats()`` or the service's ``/metrics`` and ``/healthz``."""
 
@@ -31,8 +31,8 @@ from ratekeeper import (
     StoreUnavailable,
 )
 from ratekeeper.errors import ConfigError
-from ratekeeper.stores.acl import acl_commands, acl_rule
-from ratekeeper.stores.layout import CompactLayout
+from ratekeeper.stores.redis.acl import acl_commands, acl_rule
+from ratekeeper.stores.redis.layout import CompactLayout
 from tests import redis_servers as rs
 from tests.conftest import REQUIRE_REDIS, _need_redis
 from tests.redis_tls import OPENSSL, TLSRedisServer, make_certs

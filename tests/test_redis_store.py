@@ -18,7 +18,7 @@ from ratekeeper import (
 )
 from ratekeeper.algorithms import Outcome
 from ratekeeper.plan import Op
-from ratekeeper.stores.keys import redis_key
+from ratekeeper.stores.redis.keys import redis_key
 from tests import redis_servers as rs
 
 ALGORITHMS = ["fixed_window", "token_bucket", "gcra", "sliding_window", "sliding_log"]

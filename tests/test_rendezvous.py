@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from ratekeeper import ConfigError
-from ratekeeper.stores.keys import encode_tag
-from ratekeeper.stores.rendezvous import Rendezvous, owner, seed
+from ratekeeper.stores.redis.keys import encode_tag
+from ratekeeper.stores.redis.rendezvous import Rendezvous, owner, seed
 
 KEYS = [encode_tag(f"user:{i}") for i in range(100_000)]
 OLD = ["redis-a:6379/0", "redis-b:6379/0", "redis-c:6379/0"]
@@ -62,7 +62,7 @@ def test_order_of_shards_does_not_matter() -> None:
 def test_placement_is_stable_across_processes() -> None:
     """Python's hash() is salted per process; the placement must not be."""
     code = (
-        "from ratekeeper.stores.rendezvous import Rendezvous\n"
+        "from ratekeeper.stores.redis.rendezvous import Rendezvous\n"
         f"r = Rendezvous({OLD!r})\n"
         "print([r.owner(f'user:{i}') for i in range(50)])"
     )

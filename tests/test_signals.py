@@ -10,7 +10,7 @@ import pytest
 
 from ratekeeper import LoopLag, ManualClock, Pressure, ProcessCPU, QueueDelay
 from ratekeeper.errors import ConfigError
-from ratekeeper.signals import parse_request_start, worst
+from ratekeeper.overload.signals import parse_request_start, worst
 
 
 def test_loop_lag_averages_its_window() -> None:

@@ -21,9 +21,9 @@ from urllib.parse import quote, unquote
 import pytest
 
 from ratekeeper.errors import ConfigError, StoreUnavailable
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.server import ServeOptions, Service
-from ratekeeper.stores.urls import check_url, redact, scrub
+from ratekeeper.stores.redis.urls import check_url, redact, scrub
 
 PRINTABLE = string.printable[:95]  # 0x20 to 0x7e: every printable ASCII character
 PIECES = ("S3cr", "tP4ss", "W0rd")

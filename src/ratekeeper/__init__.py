@@ -5,15 +5,8 @@ dependency (server, gRPC, Prometheus, web frameworks).
 """
 
 from ._version import __version__ as __version__
-from .adaptive import GradientLimit as GradientLimit
-from .adaptive import GradientSettings as GradientSettings
-from .admission import AdmissionQueue as AdmissionQueue
-from .admission import AsyncAdmissionQueue as AsyncAdmissionQueue
 from .clock import Clock as Clock
 from .clock import ManualClock as ManualClock
-from .concurrency import AsyncConcurrencyLimiter as AsyncConcurrencyLimiter
-from .concurrency import ConcurrencyLimiter as ConcurrencyLimiter
-from .concurrency import Lease as Lease
 from .decision import Decision as Decision
 from .errors import ConfigError as ConfigError
 from .errors import RatekeeperError as RatekeeperError
@@ -25,26 +18,33 @@ from .nested import Level as Level
 from .nested import NestedDecision as NestedDecision
 from .nested import Reservation as Reservation
 from .nested import Settlement as Settlement
+from .overload.adaptive import GradientLimit as GradientLimit
+from .overload.adaptive import GradientSettings as GradientSettings
+from .overload.admission import AdmissionQueue as AdmissionQueue
+from .overload.admission import AsyncAdmissionQueue as AsyncAdmissionQueue
+from .overload.concurrency import AsyncConcurrencyLimiter as AsyncConcurrencyLimiter
+from .overload.concurrency import ConcurrencyLimiter as ConcurrencyLimiter
+from .overload.concurrency import Lease as Lease
+from .overload.shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
+from .overload.shedding import FleetUsageShedder as FleetUsageShedder
+from .overload.shedding import ShedderSettings as ShedderSettings
+from .overload.shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
+from .overload.signals import LoopLag as LoopLag
+from .overload.signals import Pressure as Pressure
+from .overload.signals import ProcessCPU as ProcessCPU
+from .overload.signals import QueueDelay as QueueDelay
 from .rates import Rate as Rate
-from .shedding import AsyncFleetUsageShedder as AsyncFleetUsageShedder
-from .shedding import FleetUsageShedder as FleetUsageShedder
-from .shedding import ShedderSettings as ShedderSettings
-from .shedding import WorkerUtilizationShedder as WorkerUtilizationShedder
-from .signals import LoopLag as LoopLag
-from .signals import Pressure as Pressure
-from .signals import ProcessCPU as ProcessCPU
-from .signals import QueueDelay as QueueDelay
-from .stores.batching import Batching as Batching
-from .stores.cluster import RedisClusterStore as RedisClusterStore
-from .stores.layout import CompactLayout as CompactLayout
 from .stores.local_budget import LocalBudget as LocalBudget
 from .stores.memory import MemoryStore as MemoryStore
-from .stores.redis import RedisStore as RedisStore
+from .stores.redis.batching import Batching as Batching
+from .stores.redis.cluster import RedisClusterStore as RedisClusterStore
+from .stores.redis.layout import CompactLayout as CompactLayout
+from .stores.redis.sentinel import SentinelShard as SentinelShard
+from .stores.redis.sharded import SentinelStore as SentinelStore
+from .stores.redis.sharded import Shard as Shard
+from .stores.redis.sharded import ShardedRedisStore as ShardedRedisStore
+from .stores.redis.single import RedisStore as RedisStore
 from .stores.rollout import RolloutStore as RolloutStore
-from .stores.sentinel import SentinelShard as SentinelShard
-from .stores.sharded import SentinelStore as SentinelStore
-from .stores.sharded import Shard as Shard
-from .stores.sharded import ShardedRedisStore as ShardedRedisStore
 
 __all__ = [
     "AdmissionQueue",

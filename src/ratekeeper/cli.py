@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from ._version import __version__
 from .demo import add_demo_command
-from .healthcheck import add_healthcheck_command
 from .service.admin_cli import add_admin_command
 from .service.check_config import add_check_config_command
 from .service.cli import add_serve_command
+from .service.healthcheck import add_healthcheck_command
 from .simulate.cli import add_simulate_command
 
 

@@ -15,7 +15,7 @@ import atheris
 with atheris.instrument_imports():
     from ratekeeper.errors import ConfigError, RateSpecError
     from ratekeeper.rates import MAX_COUNT, MAX_PERIOD_MS, Rate
-    from ratekeeper.service.config import parse_text
+    from ratekeeper.service.config.loader import parse_text
 
 LINE_PREFIX = re.compile(r"^<config>:\d+: \S")
 

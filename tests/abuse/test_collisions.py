@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratekeeper import Limiter, ManualClock
-from ratekeeper.service.config import parse_text
+from ratekeeper.service.config.loader import parse_text
 from ratekeeper.service.engine import envoy_key, store_key
-from ratekeeper.stores.keys import MAX_PLAIN_BYTES, encode_tag, redis_key
+from ratekeeper.stores.redis.keys import MAX_PLAIN_BYTES, encode_tag, redis_key
 from tests.conftest import Backend
 from tests.harness import T0
 
@@ -197,7 +197,7 @@ def test_keys_holding_equals_or_underscores_never_share_a_counter() -> None:
     accepts both); requests whose entries differ never share a counter, however they join."""
     from ratekeeper import AsyncLimiter, MemoryStore
     from ratekeeper.service.engine import Engine
-    from ratekeeper.service.envoy import Descriptor, Envoy
+    from ratekeeper.service.envoy.rls import Descriptor, Envoy
     from ratekeeper.service.metrics import Metrics
 
     config = parse_text(

@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from ratekeeper import Rate, RateSpecError
 from ratekeeper.errors import ConfigError
 from ratekeeper.rates import MAX_COUNT, MAX_PERIOD_MS
-from ratekeeper.service.config import parse_text
-from ratekeeper.service.http import MAX_BODY, ROUTES
+from ratekeeper.service.config.loader import parse_text
+from ratekeeper.service.http.body import MAX_BODY
+from ratekeeper.service.http.routes import ROUTES
 from ratekeeper.service.server import ServeOptions, Service
 
 EXAMPLES = int(os.environ.get("RATEKEEPER_FUZZ_EXAMPLES", "200"))
@@ -382,7 +383,15 @@ def test_regression_inputs_found_while_fuzzing(
             assert status == 200 and data["remaining"] == 1, data
 
 
-REASONS = {"body", "policy", "key", "cost", "path", "method", "authorization", "enabled", "shadow"}
+REASONS = {
+    "body", "policy", "key", "cost", "path", "method", "authorization", "enabled", "shadow",
+    "block", "name", "mode", "lease", "query", "count", "limit", "tenant", "rate", "units",
+    "until", "by", "plan", "levels", "estimate", "ttl", "reservation", "actual",
+    "over_limit_status",
+}  # fmt: skip
+"""The fields a refusal may name (a fixed set: the fuzzed routes reach any of them)."""
+LEVEL_REASON = re.compile(r"levels\[\d{1,2}\](\.(policy|key|cost))?")
+"""A nested call's level and field (at most 16 levels)."""
 
 
 def test_refusals_never_add_metric_labels_of_the_clients_choosing(
@@ -398,6 +407,15 @@ def test_refusals_never_add_metric_labels_of_the_clients_choosing(
         )
         data = check_answer(status, out_headers, body)
         assert status == 400 and data["field"] == "body" and f"field-{i}" in data["error"]
+        level = {"policy": "p", "key": "k", f"level-field-{i}": 1}  # a nested call's level
+        raw = _encode({"levels": [level]})
+        status, out_headers, body = loop.run_until_complete(
+            call(service.api, "POST", "/v1/hit", headers, [raw])
+        )
+        data = check_answer(status, out_headers, body)
+        assert status == 400 and data["field"] == "levels[0]", data
+        assert f"level-field-{i}" in data["error"]
     status, _, text = loop.run_until_complete(call(service.api, "GET", "/metrics", [], []))
     reasons = set(re.findall(r'ratekeeper_requests_refused_total\{reason="([^"]*)"', text.decode()))
-    assert "body" in reasons and reasons <= REASONS, reasons
+    assert "body" in reasons, reasons
+    assert all(r in REASONS or LEVEL_REASON.fullmatch(r) for r in reasons), reasons

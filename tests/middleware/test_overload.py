@@ -28,7 +28,7 @@ from ratekeeper.middleware import (
     WSGIRateLimitMiddleware,
     priorities,
 )
-from ratekeeper.signals import Worst
+from ratekeeper.overload.signals import Worst
 from tests.middleware.servers import uvicorn_server, wait_until, wsgi_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

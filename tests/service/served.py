@@ -20,11 +20,12 @@ import uvicorn
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore
 from ratekeeper.errors import BadRequest
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.engine import Engine
-from ratekeeper.service.http import HttpApi, Response, Soon
-from ratekeeper.service.http_guard import Head
-from ratekeeper.service.http_server import HttpServer, HttpSettings
+from ratekeeper.service.http.api import HttpApi, Soon
+from ratekeeper.service.http.guard import Head
+from ratekeeper.service.http.render import Response
+from ratekeeper.service.http.server import HttpServer, HttpSettings
 from ratekeeper.service.metrics import InstrumentedLocalStore, Metrics
 from ratekeeper.service.server import _listen
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.errors import ConfigError
-from ratekeeper.service import config
-from ratekeeper.service.config import EXAMPLE
+from ratekeeper.service.config import loader as config
+from ratekeeper.service.config.loader import EXAMPLE
 from tests.test_cli import ratekeeper
 
 OURS = """\

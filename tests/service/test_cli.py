@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ratekeeper.service.cli import add_serve_command
-from ratekeeper.service.environment import serve_settings
+from ratekeeper.service.config.environment import serve_settings
 from tests.test_cli import ratekeeper
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ratekeeper import ConfigError, Rate
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 
 SCHEMA = json.loads(Path(config.__file__).with_name("schema.json").read_text())
 

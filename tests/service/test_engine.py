@@ -11,7 +11,7 @@ import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
 from ratekeeper.errors import BadRequest
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.engine import Engine, store_key
 from ratekeeper.service.metrics import InstrumentedStore, Metrics
 

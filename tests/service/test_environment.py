@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.errors import ConfigError
-from ratekeeper.service import environment as envmod
+from ratekeeper.service.config import environment as envmod
 from ratekeeper.service.config import load
-from ratekeeper.service.environment import (
+from ratekeeper.service.config.environment import (
     EnvironmentProblem,
     config_overlay,
     serve_settings,

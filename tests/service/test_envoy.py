@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore, RedisStore
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.engine import Engine
-from ratekeeper.service.envoy import Answer, Descriptor, Envoy
+from ratekeeper.service.envoy.rls import Answer, Descriptor, Envoy
 from ratekeeper.service.metrics import OTHER, Metrics, sanitize
 
 T = TypeVar("T")

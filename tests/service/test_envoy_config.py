@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.errors import ConfigError
-from ratekeeper.service import config
-from ratekeeper.service.envoy_config import EnvoyLimit
-from ratekeeper.service.envoy_match import find, wildcard_match
+from ratekeeper.service.config import loader as config
+from ratekeeper.service.config.envoy import EnvoyLimit
+from ratekeeper.service.envoy.match import find, wildcard_match
 
 
 def load(tmp_path: Path, *texts: str, merge: bool = False) -> config.ServiceConfig:
@@ -439,7 +439,7 @@ def test_grpc_auth_needs_a_token(tmp_path: Path) -> None:
 
 
 def test_fingerprint_sees_writes_removals_and_a_swapped_symlink(tmp_path: Path) -> None:
-    from ratekeeper.service.config_files import fingerprint
+    from ratekeeper.service.config.files import fingerprint
 
     for name in ("v1", "v2"):
         (tmp_path / name).mkdir()

@@ -3,7 +3,7 @@ nothing, in one store call), opt-in; other domains keep upstream's independent d
 
 from __future__ import annotations
 
-from ratekeeper.service.envoy import Descriptor
+from ratekeeper.service.envoy.rls import Descriptor
 from tests.service.test_envoy import ask, make
 
 

@@ -19,9 +19,9 @@ import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as common_pb
 from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
-from ratekeeper.service import grpc_rls
-from ratekeeper.service.envoy import Descriptor
-from ratekeeper.service.grpc_rls import SERVICE, ThreadServicer, on_loop, run_inline
+from ratekeeper.service.envoy import servicer as grpc_rls
+from ratekeeper.service.envoy.rls import Descriptor
+from ratekeeper.service.envoy.servicer import SERVICE, ThreadServicer, on_loop, run_inline
 from ratekeeper.service.server import ServeOptions, Service
 from tests.service.proc import ServiceProcess
 

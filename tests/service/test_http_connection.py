@@ -1,4 +1,4 @@
-"""The service's HTTP connection (``http_connection``) against uvicorn as the reference: the
+"""The service's HTTP connection (``http.connection``) against uvicorn as the reference: the
 same random traffic (hits, peeks, refunds, rejections, client mistakes, wrong tokens, other
 routes, pipelined requests, ``Connection: close``) on one manual clock, sent to ``HttpApi``
 served three ways (``served.py``: decisions answered by the connection, everything through
@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from ratekeeper import ManualClock, RedisStore
-from ratekeeper.service.http import MAX_BODY, ROUTES
+from ratekeeper.service.http.body import MAX_BODY
+from ratekeeper.service.http.routes import ROUTES
 from tests.service import test_http_hit
 from tests.service.served import KINDS, Served, read_response
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ratekeeper.decision import ascii_name, make_decision
 from ratekeeper.rates import Rate
 from ratekeeper.service.engine import Result
-from ratekeeper.service.http import _result_body, _result_json
+from ratekeeper.service.http.render import _result_body, _result_json
 
 RATES = [Rate(5, 60.0), Rate(2, 1.0), Rate(1000, 3600.0), Rate(7, 30.0)]
 floats = st.floats(min_value=0, max_value=4e9, allow_nan=False)

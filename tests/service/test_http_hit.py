@@ -1,4 +1,5 @@
-"""The HTTP API's fast hit (``http_hit.HttpHits``) answers exactly as the general path: the same
+"""The fast hit (``engine.fast.FastHits``, rendered by ``http.hit.rendered``) answers exactly
+as the general path: the same
 body, headers, decisions and metrics for the same traffic, whatever the algorithm, policy name
 and time; and a reload or a toggle is seen at once."""
 
@@ -12,10 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
+from ratekeeper.service.config.policies import PolicySpec
 from ratekeeper.service.engine import Engine, Result
-from ratekeeper.service.http import HttpApi, _result_body
-from ratekeeper.service.http_hit import HttpHits, ms_json
+from ratekeeper.service.engine.fast import FastHits
+from ratekeeper.service.http.api import HttpApi
+from ratekeeper.service.http.hit import HeaderList, ms_json, rendered
+from ratekeeper.service.http.render import _result_body
 from ratekeeper.service.metrics import InstrumentedLocalStore, Metrics
 
 CONFIG = """\
@@ -63,6 +67,22 @@ def respond(result: Result) -> tuple[bool, bytes, list[Any]]:
     headers = [*result.decision.header_lines(result.policy), JSON]
     headers.append((b"content-length", b"%d" % len(body)))
     return result.decision.allowed, body, headers
+
+
+class HttpHits:
+    """A fast hit as the HTTP API answers it: the engine's, rendered."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.fast = FastHits(engine)
+
+    def answer(
+        self, spec: PolicySpec, key: str, cost: int
+    ) -> tuple[bytes, HeaderList | bytes] | Result | None:
+        made = self.fast.hit(spec, key, cost)
+        if made is None or isinstance(made, Result):
+            return made
+        return rendered(made)
 
 
 def fast(hits: HttpHits, name: str, key: str, cost: int) -> tuple[bool, bytes, list[Any]]:
@@ -152,7 +172,7 @@ def test_the_http_api_answers_hits_through_it() -> None:
     asyncio.run(api(scope, receive, send))
     assert sent[0]["status"] == 200
     assert general(make(clock), "fixed", "k", 1) == (True, sent[1]["body"], sent[0]["headers"])
-    assert api.hits._plans  # the fast hit answered it
+    assert engine.fast._plans  # the fast hit answered it
 
 
 @given(st.integers(0, 10**15 - 1))

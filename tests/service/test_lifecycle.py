@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ratekeeper.service import config as config_mod
+from ratekeeper.service.config import loader as config_mod
 from ratekeeper.service.server import ServeOptions, Service
 from tests.service.proc import ServiceProcess
 from tests.service.test_workers import Workers, write

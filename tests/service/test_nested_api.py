@@ -16,8 +16,8 @@ from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
 from ratekeeper.errors import BadRequest
 from ratekeeper.service import config
 from ratekeeper.service.engine import Engine
+from ratekeeper.service.http.nested import NestedAPI
 from ratekeeper.service.metrics import InstrumentedStore, Metrics
-from ratekeeper.service.nested_api import NestedAPI
 
 T = TypeVar("T")
 

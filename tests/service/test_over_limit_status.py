@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from ratekeeper.errors import ConfigError
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from tests.service.proc import ServiceProcess
 
 POLICIES = """\

@@ -12,7 +12,7 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 
 def test_service_and_other_envoy_protos_load_in_one_process() -> None:
     code = (
-        "import ratekeeper.service.grpc_rls\n"
+        "import ratekeeper.service.envoy.servicer\n"
         # a hand-written copy of Envoy's messages made these fail with 'duplicate symbol'
         "from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2\n"
         "from envoy.service.ratelimit.v3 import rls_pb2_grpc\n"

@@ -9,8 +9,8 @@ from envoy.service.ratelimit.v3 import rls_pb2 as pb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratekeeper.service.envoy import Answer, Status
-from ratekeeper.service.rls_reply import ReplyEncoder, varint
+from ratekeeper.service.envoy.reply import ReplyEncoder, varint
+from ratekeeper.service.envoy.rls import Answer, Status
 
 Response = pb.RateLimitResponse
 

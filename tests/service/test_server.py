@@ -634,7 +634,7 @@ def test_grpc_with_only_an_admin_token_requires_it(tmp_path: Path) -> None:
 
 def test_grpc_reply_that_could_be_too_large_is_refused_before_counting() -> None:
     from ratekeeper.errors import BadRequest
-    from ratekeeper.service.grpc_rls import MAX_REPLY_BYTES, check_reply_size
+    from ratekeeper.service.envoy.servicer import MAX_REPLY_BYTES, check_reply_size
 
     big = descriptor(*[("k", "v" * 1100)] * 8)  # within max_descriptors and max_entries
     request = pb.RateLimitRequest(domain="edge", descriptors=[big] * 256)

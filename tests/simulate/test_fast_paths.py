@@ -25,11 +25,12 @@ import pytest
 
 from ratekeeper import ManualClock
 from ratekeeper.plan import make_policy
-from ratekeeper.simulate import lines, onerate
-from ratekeeper.simulate.logs import LogReader, LogStats
+from ratekeeper.simulate import onerate
+from ratekeeper.simulate.reading import lines
+from ratekeeper.simulate.reading.logs import LogReader, LogStats
+from ratekeeper.simulate.reading.times import TimeParser
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import Candidate, CandidatesTarget
-from ratekeeper.simulate.times import TimeParser
 from ratekeeper.stores.memory import MemoryStore
 
 LINE = re.compile(
@@ -161,7 +162,7 @@ def test_runs_are_the_entries_grouped(
 def test_runs_of_json_and_csv_logs_are_their_entries_grouped(
     fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ratekeeper.simulate.logs as logs
+    import ratekeeper.simulate.reading.logs as logs
 
     monkeypatch.setattr(logs, "RUN_LINES", 5)  # runs split between lists
     rng = random.Random(3)

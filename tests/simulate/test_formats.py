@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.cli import main
-from ratekeeper.simulate import cli, formats
-from ratekeeper.simulate.lines import open_log
-from ratekeeper.simulate.logs import LogReader
-from ratekeeper.simulate.times import TimeParser, zone_name
+from ratekeeper.simulate import cli
+from ratekeeper.simulate.reading import formats
+from ratekeeper.simulate.reading.lines import open_log
+from ratekeeper.simulate.reading.logs import LogReader
+from ratekeeper.simulate.reading.times import TimeParser, zone_name
 
 DATA = Path(__file__).parent / "data"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.cli import main
-from ratekeeper.simulate import lines
-from ratekeeper.simulate.lines import Blocks
-from ratekeeper.simulate.logs import LogReader
+from ratekeeper.simulate.reading import lines
+from ratekeeper.simulate.reading.lines import Blocks
+from ratekeeper.simulate.reading.logs import LogReader
 
 GOOD = '10.0.0.{i} - - [10/Oct/2000:13:55:{s:02d} -0700] "GET /a HTTP/1.1" 200 12 "-" "x"\n'
 

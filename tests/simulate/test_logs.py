@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ratekeeper.cli import main
-from ratekeeper.simulate.lines import open_log
-from ratekeeper.simulate.logs import LogReader
-from ratekeeper.simulate.times import TimeParser
+from ratekeeper.simulate.reading.lines import open_log
+from ratekeeper.simulate.reading.logs import LogReader
+from ratekeeper.simulate.reading.times import TimeParser
 
 COMBINED = (
     '1.2.3.4 - alice [10/Oct/2000:13:55:36 -0700] "GET /a HTTP/1.1" 200 2326 "-" "x"\n'

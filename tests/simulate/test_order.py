@@ -19,7 +19,7 @@ import pytest
 from ratekeeper import ManualClock
 from ratekeeper.cli import main
 from ratekeeper.middleware import RateCheck, keys
-from ratekeeper.simulate.order import Skew, ordered_runs
+from ratekeeper.simulate.reading.order import Skew, ordered_runs
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 

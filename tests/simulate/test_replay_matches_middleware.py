@@ -20,8 +20,8 @@ import pytest
 from ratekeeper import ManualClock
 from ratekeeper.cli import main
 from ratekeeper.middleware import WSGIRateLimitMiddleware
-from ratekeeper.simulate.logs import LogReader
-from ratekeeper.simulate.order import order_key
+from ratekeeper.simulate.reading.logs import LogReader
+from ratekeeper.simulate.reading.order import order_key
 from tests.simulate.traffic import Line, generate
 
 CHECKS = """

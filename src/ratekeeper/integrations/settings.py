@@ -45,7 +45,7 @@ from ..middleware.gate import check_on_error
 from ..middleware.request import trusted_networks
 from ..plan import make_policy
 from ..stores.memory import MemoryStore
-from ..stores.urls import redact
+from ..stores.redis.urls import redact
 from .routes import Limit, as_limits
 
 NAMES = (
@@ -101,19 +101,19 @@ def store_for(uri: str, prefix: str = "rk", options: Mapping[str, Any] | None = 
     login = f"{credentials}@" if credentials else ""
     hosts, _, path = where.partition("/")
     if uri.startswith(CLUSTER_SCHEMES):
-        from ..stores.cluster import RedisClusterStore
+        from ..stores.redis.cluster import RedisClusterStore
 
         first = hosts.split(",")[0]
         return RedisClusterStore(f"{plain}://{login}{first}", prefix=prefix, **options)
     if uri.startswith(SENTINEL_SCHEMES):
-        from ..stores.sharded import SentinelStore
+        from ..stores.redis.sharded import SentinelStore
 
         service = path.strip("/")
         sentinels = [f"{plain}://{login}{host}" for host in hosts.split(",")]
         return SentinelStore(
             service, sentinels, url=f"{plain}://{login}/0", prefix=prefix, **options
         )
-    from ..stores.redis import RedisStore
+    from ..stores.redis.single import RedisStore
 
     return RedisStore(uri, prefix=prefix, **options)
 
@@ -156,7 +156,7 @@ def check_uri(uri: object, where: str) -> str:
 
 def _storage_options(options: Any, name: str) -> tuple[tuple[str, Any], ...]:
     """The Redis store's keyword arguments a setting may give (not its clients or prefix)."""
-    from ..stores.redis import RedisStore
+    from ..stores.redis.single import RedisStore
 
     params = inspect.signature(RedisStore).parameters.values()
     allowed = sorted(

@@ -7,15 +7,15 @@ headers (``added_headers``, ``added_header_lines``) when the response starts.
 
 from __future__ import annotations
 
-from ..admission import Ticket
-from ..concurrency import Lease
 from ..decision import Decision, ascii_name
+from ..overload.admission import Ticket
+from ..overload.concurrency import Lease
 from .costs import Usage
 from .ops import Op
 from .request import RequestInfo
 from .responses import Headers, Rejection, concurrency_headers, decision_headers
 
-SCOPE_KEY = "ratekeeper.admission"
+SCOPE_KEY = "ratekeeper.overload.admission"
 """Where the middleware leaves a request's ``Admission`` (ASGI scope, WSGI environ), for a
 framework integration to walk a route's checks into after routing."""
 

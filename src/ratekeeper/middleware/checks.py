@@ -36,16 +36,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..adaptive import GradientLimit, GradientSettings
-from ..admission import AdmissionCore
 from ..clock import Clock
-from ..concurrency import check_capacity
 from ..errors import ConfigError
 from ..nested import MAX_LEVELS, Level, check_ttl, compile_levels
+from ..overload.adaptive import GradientLimit, GradientSettings
+from ..overload.admission import AdmissionCore
+from ..overload.concurrency import check_capacity
+from ..overload.shedding import DEFAULT_TIERS, WorkerUtilizationShedder
+from ..overload.signals import QueueDelay
 from ..plan import make_policy
 from ..rates import Rate, to_rates
-from ..shedding import DEFAULT_TIERS, WorkerUtilizationShedder
-from ..signals import QueueDelay
 from .costs import Actual
 from .functions import UserFunctionError, call
 from .request import KeyFunc, PathMatcher, RequestInfo, client_ip
@@ -399,7 +399,7 @@ class AdmissionCheck:
 
     ``limit`` None (the default) finds the limit from latency with a ``GradientLimit`` (its
     ``GradientSettings`` may be given instead); a number fixes it. The first tier is never
-    queued nor shed. See ``ratekeeper.admission``.
+    queued nor shed. See ``ratekeeper.overload.admission``.
     """
 
     limit: int | GradientSettings | GradientLimit | None = None

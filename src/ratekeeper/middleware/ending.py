@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..admission import Ticket
-from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError
 from ..nested import NestedDecision, Reservation
+from ..overload.admission import Ticket
+from ..overload.concurrency import Lease
 from .admission import Admission
 from .checks import ChargeWhen, Check, NestedCheck
 from .costs import Usage

@@ -57,15 +57,15 @@ import threading
 from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..admission import AdmissionCore
 from ..clock import Clock
-from ..concurrency import Lease
 from ..decision import Decision
 from ..errors import ConfigError, StoreUnavailable
 from ..metrics.core import Metrics
+from ..overload.admission import AdmissionCore
+from ..overload.concurrency import Lease
+from ..overload.shedding import ShedderSettings, WorkerUtilizationShedder
+from ..overload.signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from ..rates import to_rates
-from ..shedding import ShedderSettings, WorkerUtilizationShedder
-from ..signals import LoopLag, ProcessCPU, Signal, parse_request_start, worst
 from .admission import SCOPE_KEY as SCOPE_KEY
 from .admission import Admission as Admission
 from .admission import added_header_lines as added_header_lines

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from ..admission import Ticket
-from ..concurrency import Lease
 from ..nested import Reservation
+from ..overload.admission import Ticket
+from ..overload.concurrency import Lease
 
 Kind = Literal[
     "hit", "refund", "acquire", "admit", "release", "enter", "leave",

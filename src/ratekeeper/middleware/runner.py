@@ -24,14 +24,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from ..admission import AdmissionQueue, AsyncAdmissionQueue
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
 from ..decision import Decision
 from ..errors import StoreUnavailable
 from ..limiter import AsyncLimiter, Limiter, store_name
 from ..metrics.core import Metrics
-from ..shedding import AsyncFleetUsageShedder, FleetUsageShedder
+from ..overload.admission import AdmissionQueue, AsyncAdmissionQueue
+from ..overload.concurrency import AsyncConcurrencyLimiter, ConcurrencyLimiter
+from ..overload.shedding import AsyncFleetUsageShedder, FleetUsageShedder
 from ..stores.base import LocalStore
 from . import status as status_route
 from .checks import Check, ConcurrencyCheck, FleetCheck, RateCheck

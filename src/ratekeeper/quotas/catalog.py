@@ -138,7 +138,7 @@ class Plans:
     @classmethod
     def from_yaml(cls, text: str, source: str = "<plans>") -> Plans:
         """Plans from YAML text (PyYAML: the ``server`` extra); ``source:line: problem``."""
-        from ..service.yaml_lines import Problem, parse
+        from ..yaml_lines import Problem, parse
 
         try:
             data = parse(text)

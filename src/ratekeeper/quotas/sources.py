@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, StoreUnavailable
-from ..stores.keys import encode_tag
 from ..stores.loops import PerLoop
+from ..stores.redis.keys import encode_tag
 from .overrides import Override, TenantPlan
 
 log = logging.getLogger("ratekeeper")
@@ -301,7 +301,7 @@ def _per_loop(async_client: Any) -> PerLoop[Any]:
     or a function building one (called once per loop)."""
     import redis.asyncio
 
-    from ..stores.redis import twin_client
+    from ..stores.redis.single import twin_client
 
     if isinstance(async_client, redis.asyncio.Redis):
         return PerLoop(twin_client(async_client), async_client)

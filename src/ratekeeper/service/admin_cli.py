@@ -1,6 +1,6 @@
 """``ratekeeper admin``: a caller's status and support's admin operations, from a shell.
 
-Two ways, the same operations and answers (``quota_routes``):
+Two ways, the same operations and answers (``http.quotas``):
 
 - against a running service: ``--url http://host:port`` with the admin token
   (``--token`` or ``RATEKEEPER_ADMIN_TOKEN``); the service writes the audit entry;
@@ -160,9 +160,9 @@ async def _direct(
 ) -> tuple[int, Any]:
     """The action on the store itself, through the service's own engine and routes."""
     from ..limiter import AsyncLimiter
-    from . import config as config_mod
-    from . import quota_routes
+    from .config import loader as config_mod
     from .engine import Engine
+    from .http import quotas as quota_routes
     from .metrics import Metrics
     from .server import build_store
 

@@ -55,10 +55,10 @@ def add_check_config_command(subparsers: Any) -> argparse.ArgumentParser:
 def run_check_config(args: argparse.Namespace) -> int:
     """Check the files; print problems to stderr (exit 1) or a summary to stdout (exit 0)."""
     try:
-        from .config import load
+        from .config.loader import load
     except ImportError as exc:
         return missing_extra("check-config", exc)
-    from . import environment
+    from .config import environment
 
     given = {"config": args.paths, "config_dotfiles": args.config_dotfiles or None}
     try:
@@ -96,7 +96,7 @@ def run_check_config(args: argparse.Namespace) -> int:
 def print_settings(settings: list[Any], ignored: list[Any]) -> None:
     """The effective settings and where each came from (flag > RATEKEEPER_… > upstream's
     variable > default); secrets in store URLs redacted."""
-    from ..stores.urls import redact
+    from ..stores.redis.urls import redact
 
     print("settings (a flag > RATEKEEPER_... > envoyproxy/ratelimit's variable > default):")
     for s in settings:

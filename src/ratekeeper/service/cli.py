@@ -252,7 +252,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from .supervisor import supervise
     except ImportError as exc:
         return missing_extra("serve", exc)
-    from . import environment, logs, statsd
+    from . import logs, statsd
+    from .config import environment
 
     try:
         settings = environment.serve_settings(vars(args), os.environ)
@@ -351,7 +352,7 @@ def _workers(text: str) -> int:
 
 
 def _level(text: str) -> str:
-    from .environment import LOG_LEVELS
+    from .config.environment import LOG_LEVELS
 
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(

@@ -15,7 +15,7 @@ Names (all prefixed ``ratekeeper_``; the table is ``ratekeeper.metrics.vocabular
 - ``requests_refused_total{reason}``: requests refused before any counting (4xx);
 - ``config_reloads_total{result}``: ``ok`` or ``error``; ``policies``: policies loaded;
 - ``envoy_*``: envoyproxy/ratelimit's stats (``EnvoyStats``);
-- ``rlqs_*``: the quota service's buckets and streams (``rlqs.stats``).
+- ``rlqs_*``: the quota service's buckets and streams (``rlqs_stats``).
 
 Also: ``BatchMetrics``, the batch observer of a batching Redis store, and
 ``InstrumentedStore`` and ``InstrumentedLeases``, the wrappers of a store that does not batch;
@@ -50,8 +50,8 @@ from ..plan import Plan
 from ..stores.base import AsyncNestedStore, AsyncStore, KeyPartitioned
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
-from ..stores.sharded import ShardedRedisStore
-from .rlqs.stats import RlqsStats
+from ..stores.redis.sharded import ShardedRedisStore
+from .rlqs_stats import RlqsStats
 
 _perf_counter = time.perf_counter
 TOP_KEYS = 64
@@ -171,7 +171,7 @@ class _Merged:
 
 
 class BatchMetrics:
-    """A ``stores.batching.BatchObserver`` feeding the batch size, latency and error metrics."""
+    """A ``stores.redis.batching.BatchObserver`` feeding the batch size, latency, error metrics."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics

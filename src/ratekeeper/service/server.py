@@ -1,5 +1,5 @@
 """Running the service: build the store, limiter and engine from a config, serve HTTP
-(``http_server``) and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or
+(``http.server``) and gRPC (``grpc.aio``) on one event loop, and reload on SIGHUP or
 ``POST /v1/admin/reload``.
 
 At startup the store is pinged until it answers or ``store_wait`` seconds pass; then the
@@ -8,7 +8,7 @@ with ``start_degraded``, logs it at ERROR and serves anyway: decisions fail open
 ``/healthz`` answers 503 until the store does.
 
 Connections: HTTP connections are timed at every stage (head, body, idle, a client not
-reading) and at most ``max_connections`` are open (``http_server``); gRPC connections are
+reading) and at most ``max_connections`` are open (``http.server``); gRPC connections are
 closed after 5 idle minutes and pinged when quiet so dead peers are dropped
 (``GRPC_OPTIONS``).
 
@@ -46,25 +46,29 @@ from typing import Any
 import grpc
 
 from ..clock import Clock
-from ..concurrency import AsyncConcurrencyLimiter
 from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
+from ..overload.concurrency import AsyncConcurrencyLimiter
 from ..stores.base import AsyncPingable, AsyncStore, LocalStore
-from ..stores.batching import Batching
-from ..stores.cluster import RedisClusterStore
-from ..stores.layout import CompactLayout
 from ..stores.leases import AsyncLeaseStore
 from ..stores.memory import MemoryStore
-from ..stores.redis import RedisStore
-from ..stores.sentinel import SentinelShard
-from ..stores.sharded import SentinelStore, Shard, ShardedRedisStore
-from . import config as config_mod
+from ..stores.redis.batching import Batching
+from ..stores.redis.cluster import RedisClusterStore
+from ..stores.redis.layout import CompactLayout
+from ..stores.redis.sentinel import SentinelShard
+from ..stores.redis.sharded import SentinelStore, Shard, ShardedRedisStore
+from ..stores.redis.single import RedisStore
+from .config import loader as config_mod
+from .config.watch import watch
 from .engine import Engine
-from .envoy import Envoy
-from .grpc_rls import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
-from .http import HttpApi
-from .http_guard import BrowserRules, is_loopback
-from .http_server import HttpServer, HttpSettings, default_max_connections
+from .envoy.rlqs import wire as rlqs_wire
+from .envoy.rlqs.hub import Quotas
+from .envoy.rlqs.state import quota_state
+from .envoy.rls import Envoy
+from .envoy.servicer import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
+from .http.api import HttpApi
+from .http.guard import BrowserRules, is_loopback
+from .http.server import HttpServer, HttpSettings, default_max_connections
 from .lifecycle import heartbeat, ignore_hangups, on_signal
 from .metrics import (
     BatchMetrics,
@@ -75,10 +79,6 @@ from .metrics import (
     Metrics,
 )
 from .reloads import Coalesced
-from .rlqs import wire as rlqs_wire
-from .rlqs.hub import Quotas
-from .rlqs.state import quota_state
-from .watch import watch
 
 log = logging.getLogger("ratekeeper.service")
 HEALTH_KEY = "ratekeeper:healthz"
@@ -130,7 +130,7 @@ class ServeOptions:
     grpc_threads: int = 0
     """Handler threads of the standard ``grpc.server`` (0: ``grpc.aio`` on the event loop)."""
     allowed_hosts: tuple[str, ...] = ()
-    """Host names served besides the listen address's (``http_guard``; ``*``: any)."""
+    """Host names served besides the listen address's (``http.guard``; ``*``: any)."""
     allowed_origins: tuple[str, ...] = ()
     """Origins allowed to send state-changing requests besides the service's own."""
     auth_warning: bool = True

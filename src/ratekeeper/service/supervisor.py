@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from . import config as config_mod
+from .config import loader as config_mod
 from .lifecycle import hangups_blocked
 from .server import ServeOptions
 

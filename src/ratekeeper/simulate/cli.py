@@ -160,7 +160,7 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
         limits = parse_limits(args.limit, args.key_field, args.algorithm)
         return CandidatesTarget(limits, args.key_field, args.algorithm, clock), "candidates"
     try:
-        from ..service import config as config_mod
+        from ..service.config import loader as config_mod
     except ImportError as exc:
         raise ConfigError(
             f"--config needs the server extra ({exc.name} is missing): "
@@ -175,10 +175,10 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the replay and write the reports."""
-    from . import html, render
-    from .lines import MAX_LINE
+    from .output import html, render
+    from .output.report import trouble
+    from .reading.lines import MAX_LINE
     from .replay import Options, progress_stream, replay
-    from .report import trouble
 
     try:
         if not 0 <= args.share < 1:

@@ -22,9 +22,10 @@ from typing import IO, Any
 
 from ..clock import ManualClock
 from .advice import advise
-from .lines import MAX_LINE, open_log
-from .logs import Entry, LogReader, LogStats, Run
-from .order import (
+from .output.report import LogFile, Report, bucket_seconds
+from .reading.lines import MAX_LINE, open_log
+from .reading.logs import Entry, LogReader, LogStats, Run
+from .reading.order import (
     DEFAULT_WINDOW,
     Keyed,
     merged_entries,
@@ -32,7 +33,6 @@ from .order import (
     ordered_entries,
     ordered_runs,
 )
-from .report import LogFile, Report, bucket_seconds
 from .stats import LimitStats
 from .suggest import quantiles
 

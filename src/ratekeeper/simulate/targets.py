@@ -37,8 +37,8 @@ from ..middleware.gate import Admission, Op, run
 from ..middleware.request import RequestInfo
 from ..middleware.wsgi import WSGIRateLimitMiddleware
 from ..stores.memory import MemoryStore
-from .logs import Entry, Run
 from .onerate import OneRate
+from .reading.logs import Entry, Run
 from .stats import LimitStats, Recorder
 
 UNBOUNDED = sys.maxsize
@@ -256,7 +256,7 @@ class ServiceTarget:
     ) -> None:
         from ..limiter import AsyncLimiter
         from ..service.engine import Engine, envoy_key
-        from ..service.envoy import Descriptor, Envoy
+        from ..service.envoy.rls import Descriptor, Envoy
         from ..service.metrics import Metrics as ServiceMetrics
 
         self._envoy_key = envoy_key

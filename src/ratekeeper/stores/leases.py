@@ -7,7 +7,7 @@ below capacity, all in one atomic step: there is no window between cleanup and c
 
 ``LeaseStore`` / ``AsyncLeaseStore`` are the protocols (checked once, when a limiter is built);
 ``MemoryLeases`` is the in-process implementation that ``MemoryStore`` delegates to. The Redis
-implementation is in ``redis_leases``.
+implementation is in ``redis.leases``.
 
 Releasing a lease after its expiry answers False on every store: at its expiry the lease
 stopped counting, and its slot may already be someone else's, so "it was live" would be wrong;

@@ -17,13 +17,11 @@ level admits, or settles. Reservations are kept here, by (outer key, id):
 from __future__ import annotations
 
 import heapq
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..nested import NestedPlan, NestedReply, Tier, counter, run_levels
-
-if TYPE_CHECKING:
-    from .memory import MemoryStore
 
 SWEEP = 32
 """Due reservations handled per call (the same bound as ``nested.lua``)."""
@@ -41,10 +39,22 @@ class _Record:
     marks: tuple[tuple[int, ...], ...] = ()
 
 
+class Entries(Protocol):
+    """What a nested call uses of its ``MemoryStore`` (``memory`` imports this module): the
+    lock and its entries, read and written with the lock held."""
+
+    _lock: threading.Lock
+
+    def _load(self, key: tuple[str, str], now_ms: int) -> Any: ...
+    def _touch(self, keys: list[tuple[str, str]]) -> None: ...
+    def _drop(self, key: tuple[str, str]) -> None: ...
+    def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None: ...
+
+
 class MemoryNested:
     """The nested calls and reservations of one ``MemoryStore`` (see the module docstring)."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: Entries) -> None:
         self.store = store
         self.records: dict[tuple[str, str], _Record] = {}
         self._due: list[tuple[int, str, str]] = []  # (due_ms, outer key, id); stale ones skipped

@@ -34,11 +34,11 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from ..algorithms import heartbeat, slices
 from ..algorithms.base import INF, Limit
 from ..errors import ConfigError, StoreUnavailable
-from .cluster import RedisClusterStore
-from .keys import redis_key
 from .memory import MemoryStore
-from .redis import RedisStore
-from .sharded import ShardedRedisStore
+from .redis.cluster import RedisClusterStore
+from .redis.keys import redis_key
+from .redis.sharded import ShardedRedisStore
+from .redis.single import RedisStore
 
 RESERVED = "^"
 """Appended to a slot: the key of its reservation."""

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratekeeper.service.rlqs import allocator
-from ratekeeper.service.rlqs.allocator import Record, Step, step
-from ratekeeper.service.rlqs.state import MemoryQuotaState, RedisQuotaState, quota_state
+from ratekeeper.service.envoy.rlqs import allocator
+from ratekeeper.service.envoy.rlqs.allocator import Record, Step, step
+from ratekeeper.service.envoy.rlqs.state import MemoryQuotaState, RedisQuotaState, quota_state
 from tests.conftest import Backend
 
 R = allocator.MRPS  # one request a second

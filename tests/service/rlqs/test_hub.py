@@ -11,13 +11,20 @@ import pytest
 
 from ratekeeper import AsyncLimiter, ManualClock, MemoryStore
 from ratekeeper.errors import StoreUnavailable
-from ratekeeper.service import config
+from ratekeeper.service.config import loader as config
 from ratekeeper.service.engine import Engine
+from ratekeeper.service.envoy.rlqs.allocator import Grant, Step
+from ratekeeper.service.envoy.rlqs.hub import (
+    Action,
+    Quotas,
+    Stream,
+    Usage,
+    fill_seconds,
+    token_bucket,
+)
+from ratekeeper.service.envoy.rlqs.state import MemoryQuotaState, QuotaState
 from ratekeeper.service.metrics import Metrics
-from ratekeeper.service.rlqs.allocator import Grant, Step
-from ratekeeper.service.rlqs.hub import Action, Quotas, Stream, Usage, fill_seconds, token_bucket
-from ratekeeper.service.rlqs.state import MemoryQuotaState, QuotaState
-from ratekeeper.service.rlqs.stats import MAX_LABELS, OTHER
+from ratekeeper.service.rlqs_stats import MAX_LABELS, OTHER
 
 T = TypeVar("T")
 CONFIG = """\

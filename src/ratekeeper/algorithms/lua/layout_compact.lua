@@ -1,4 +1,4 @@
--- layout_compact.lua: the compact key layout (stores/layout.py). Prepended (after integer.lua)
+-- layout_compact.lua: the compact key layout (stores/redis/layout.py). Prepended (after integer.lua)
 -- to an algorithm's script in place of layout_keys.lua. KEYS[i] is a small hash holding rate
 -- i's states of many caller keys (listpack-encoded while small); the caller's field is the last
 -- ARGV. The same four names as layout_keys.lua:
