@@ -39,6 +39,7 @@ from ..stores.base import FailLocalStore, LocalStore, Partitioned, SliceStore
 
 if TYPE_CHECKING:
     from ..quotas.cache import Quotas
+    from ..quotas.core import QuotaHit
 
 RateSpec = str | Rate | Sequence[Rate]
 log = logging.getLogger("ratekeeper")
@@ -88,9 +89,7 @@ class _Core:
         """Set: every hit is counted as a decision (peeks, refunds and resets are not)."""
         self.quotas: Quotas | None = None
         """Set: rates ``"plan:<limit>"`` are the key's tenant's limits."""
-        self.quota_hit: Callable[[_Core, Quotas, str, object, str, int], Decision | None] | None = (
-            None
-        )
+        self.quota_hit: QuotaHit | None = None
         """Set with ``quotas`` (by the faces' ``_plans``): ``quotas.calls.local_quota_hit``, a
         plan's limit on the fast path. Handed in, so the core imports nothing above it."""
 

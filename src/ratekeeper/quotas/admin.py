@@ -36,8 +36,8 @@ from .overrides import Override
 from .status import QuotaStatus
 
 if TYPE_CHECKING:
-    from ..limiter import AsyncLimiter, Limiter
     from .cache import Quotas, Resolved
+    from .calls import AsyncPlanCalls, PlanCalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def check_by(by: object) -> str:
 class _Shared:
     """What ``Admin`` and ``AsyncAdmin`` share: targets, rows and audit entries."""
 
-    def __init__(self, limiter: Limiter | AsyncLimiter, audit: Audit | None = None) -> None:
+    def __init__(self, limiter: PlanCalls | AsyncPlanCalls, audit: Audit | None = None) -> None:
         self.limiter = limiter
         quotas = limiter._core.quotas
         self.audit: Audit = audit or (quotas.audit if quotas is not None else LogAudit())
@@ -74,7 +74,7 @@ class _Shared:
         return self.limiter.quotas
 
     def now(self) -> float:
-        return float(self.limiter.clock())
+        return float(self.limiter._core.clock())
 
     def target(self, key: str, limit: str) -> tuple[str, Resolved | None]:
         """``(plan limit name, None)`` when ``limit`` names one (resolved by the caller), else
@@ -198,9 +198,9 @@ def _state(rows: tuple[QuotaStatus, ...]) -> dict[str, Any]:
 class Admin(_Shared):
     """The admin operations on a ``Limiter`` (module docstring)."""
 
-    limiter: Limiter
+    limiter: PlanCalls
 
-    def __init__(self, limiter: Limiter, audit: Audit | None = None) -> None:
+    def __init__(self, limiter: PlanCalls, audit: Audit | None = None) -> None:
         super().__init__(limiter, audit)
 
     def _change(
@@ -282,9 +282,9 @@ class AsyncAdmin(_Shared):
     """``Admin`` for an ``AsyncLimiter``: the same methods, awaited (writes to a plan source
     run in a thread)."""
 
-    limiter: AsyncLimiter
+    limiter: AsyncPlanCalls
 
-    def __init__(self, limiter: AsyncLimiter, audit: Audit | None = None) -> None:
+    def __init__(self, limiter: AsyncPlanCalls, audit: Audit | None = None) -> None:
         super().__init__(limiter, audit)
 
     async def _change(

@@ -28,8 +28,8 @@ from .status import QuotaStatus, status_plans, status_rows
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..limiter.core import _Core
     from .cache import Quotas, Resolved
+    from .core import LimiterCore
 
     RateSpec = str | Rate | Sequence[Rate]
 
@@ -38,7 +38,7 @@ MAX_UNITS = 10**12
 
 
 def quota_name(
-    core: _Core,
+    core: LimiterCore,
     rate: object,
     algorithm: str,
     burst: int | None,
@@ -61,12 +61,13 @@ def quota_name(
 
 
 def local_quota_hit(
-    core: _Core, quotas: Quotas, key: str, rate: object, algorithm: str, cost: int
+    core: LimiterCore, quotas: Quotas, key: str, rate: object, algorithm: str, cost: int
 ) -> Decision | None:
     """A hit on a plan's limit decided by an in-process store from a fresh cached answer,
-    without a ``Plan`` (``_Core.local_hit``'s fast path for ``"plan:<limit>"``, called with
-    default options, an in-process store and a checked key and cost), or None when the call
-    needs the full path (``PlanCalls._quota``). The same decision either way."""
+    without a ``Plan`` (the fast path of ``limiter.core._Core.local_hit`` for
+    ``"plan:<limit>"``, called with default options, an in-process store and a checked key
+    and cost), or None when the call needs the full path (``PlanCalls._quota``). The same
+    decision either way."""
     tenant_of = quotas.tenant_of
     r = quotas._cache.get(key if tenant_of is None else tenant_of(key))
     if r is None:
@@ -82,7 +83,7 @@ def local_quota_hit(
 
 
 def quota_answer(
-    core: _Core, op: Op, key: str, resolved: Resolved, name: str, cost: int, now: int
+    core: LimiterCore, op: Op, key: str, resolved: Resolved, name: str, cost: int, now: int
 ) -> tuple[bool, Decision | None]:
     """What a call on a plan's limit needs no store call for: ``(True, answer)`` for a tenant
     let through while its source fails (``on_error="allow"``: a degraded decision; refunds
@@ -101,7 +102,7 @@ def quota_answer(
 
 
 def admin_plan(
-    core: _Core, op: str, key: str, rate: RateSpec | Policy, units: int, **options: Any
+    core: LimiterCore, op: str, key: str, rate: RateSpec | Policy, units: int, **options: Any
 ) -> Plan:
     """The plan of an admin's ``reset``, ``credit`` or ``debit`` of ``units`` (1 to
     ``MAX_UNITS``; a reset none) under a rate (and its ``options``) or a resolved policy."""
@@ -132,7 +133,11 @@ def admin_plan(
 class _PlanBase:
     """What both faces share: the plans and their checking."""
 
-    _core: _Core
+    if TYPE_CHECKING:
+
+        @property
+        def _core(self) -> LimiterCore:
+            """The limiter's core (``_Base`` sets it)."""
 
     def _plans(self, quotas: Quotas | None) -> None:
         if quotas is not None:

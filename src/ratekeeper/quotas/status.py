@@ -20,8 +20,8 @@ from ..algorithms import Outcome
 from ..plan import Plan
 
 if TYPE_CHECKING:
-    from ..limiter.core import _Core
     from .cache import Resolved
+    from .core import LimiterCore
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class QuotaStatus:
         return asdict(self)
 
 
-def status_plans(core: _Core, key: str, resolved: Resolved) -> list[Plan]:
+def status_plans(core: LimiterCore, key: str, resolved: Resolved) -> list[Plan]:
     """A peek of nothing (cost 0) of every limit of the tenant, in the plans' order."""
     return [core.plan_of("peek", key, policy, 0) for policy in resolved.policies.values()]
 
