@@ -107,6 +107,27 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
         core.succeeded(breaker, start)
         return decide(plan, outcomes) if outcomes else None
 
+    async def _op(
+        self,
+        op: Op,
+        key: str,
+        rate: RateSpec,
+        algorithm: str,
+        cost: int,
+        burst: int | None,
+        buckets: int | None,
+        aligned: bool,
+        count_rejected: bool,
+    ) -> Decision | None:
+        """One operation on a rate: on a plan's limit (``_quota``), else as a ``Plan``."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            return await self._quota(op, key, name, cost)
+        return await self._run(
+            core.plan(op, key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
+        )
+
     async def hit(
         self,
         key: str,
@@ -125,15 +146,8 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
-            name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-            decision = (
-                await self._run(
-                    core.plan(
-                        "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-                    )
-                )
-                if name is None
-                else await self._quota("hit", key, name, cost)
+            decision = await self._op(
+                "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
             )
         assert decision is not None
         if core.counting is not None:
@@ -187,16 +201,9 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
     ) -> Decision:
         """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
         whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            decision = await self._quota("peek", key, name, cost)
-        else:
-            decision = await self._run(
-                core.plan(
-                    "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-                )
-            )
+        decision = await self._op(
+            "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        )
         assert decision is not None
         return decision
 
@@ -213,13 +220,8 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
         count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            await self._quota("refund", key, name, cost)
-            return
-        await self._run(
-            core.plan("refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
+        await self._op(
+            "refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
 
     async def reset(
@@ -234,14 +236,7 @@ class AsyncLimiter(_Base, AsyncPlanCalls):
         count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            await self._quota("reset", key, name, 1)
-            return
-        await self._run(
-            core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
-        )
+        await self._op("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
 
     async def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
         """See ``Limiter.nested``."""

@@ -72,6 +72,27 @@ class Limiter(_Base, PlanCalls):
         core.succeeded(breaker, start)
         return decide(plan, outcomes) if outcomes else None
 
+    def _op(
+        self,
+        op: Op,
+        key: str,
+        rate: RateSpec,
+        algorithm: str,
+        cost: int,
+        burst: int | None,
+        buckets: int | None,
+        aligned: bool,
+        count_rejected: bool,
+    ) -> Decision | None:
+        """One operation on a rate: on a plan's limit (``_quota``), else as a ``Plan``."""
+        core = self._core
+        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
+        if name is not None:
+            return self._quota(op, key, name, cost)
+        return self._run(
+            core.plan(op, key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
+        )
+
     def hit(
         self,
         key: str,
@@ -90,15 +111,8 @@ class Limiter(_Base, PlanCalls):
             key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
         )
         if decision is None:
-            name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-            decision = (
-                self._run(
-                    core.plan(
-                        "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-                    )
-                )
-                if name is None
-                else self._quota("hit", key, name, cost)
+            decision = self._op(
+                "hit", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
             )
         assert decision is not None  # hit and peek always produce a decision
         if core.counting is not None:
@@ -135,16 +149,9 @@ class Limiter(_Base, PlanCalls):
     ) -> Decision:
         """The decision a ``hit`` of ``cost`` would get now, consuming nothing (``cost=0``:
         whether the key is within its limit now; only a ``count_rejected`` window can be over)."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            decision = self._quota("peek", key, name, cost)
-        else:
-            decision = self._run(
-                core.plan(
-                    "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
-                )
-            )
+        decision = self._op(
+            "peek", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected
+        )
         assert decision is not None
         return decision
 
@@ -161,14 +168,7 @@ class Limiter(_Base, PlanCalls):
         count_rejected: bool = False,
     ) -> None:
         """Give back ``cost`` units (e.g. for a 304), never below zero or above capacity."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            self._quota("refund", key, name, cost)
-            return
-        self._run(
-            core.plan("refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
-        )
+        self._op("refund", key, rate, algorithm, cost, burst, buckets, aligned, count_rejected)
 
     def reset(
         self,
@@ -182,14 +182,7 @@ class Limiter(_Base, PlanCalls):
         count_rejected: bool = False,
     ) -> None:
         """Forget all state of ``key`` under these rates."""
-        core = self._core
-        name = quota_name(core, rate, algorithm, burst, buckets, aligned, count_rejected)
-        if name is not None:
-            self._quota("reset", key, name, 1)
-            return
-        self._run(
-            core.plan("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
-        )
+        self._op("reset", key, rate, algorithm, 1, burst, buckets, aligned, count_rejected)
 
     def nested(self, levels: Sequence[Level], *, cost: int = 1) -> NestedDecision:
         """Decide several levels (outermost first: org, user, key) in one atomic store call:
