@@ -106,7 +106,7 @@ class Server:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=workdir, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        m = re.search(r"http://[^:]+:(\d+)(?: and gRPC (?:\(Envoy RLS\) on [^ ]+:)?(\d+))", line)
+        m = re.search(r"http://[^:]+:(\d+)(?: and gRPC (?:\([^)]*\) on [^ ]+:)?(\d+))", line)
         if m is None:
             self.stop()
             raise SystemExit(f"{name} did not start: {line!r}")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-_LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \(Envoy RLS\) on [^ ]+:(\d+))?")
+_LISTEN = re.compile(r"http://[^:]+:(\d+)(?: and gRPC \([^)]*\) on [^ ]+:(\d+))?")
 
 
 IMAGE_ROOT = os.environ.get("RATEKEEPER_TEST_IMAGE_ROOT", "")

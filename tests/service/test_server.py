@@ -435,6 +435,15 @@ def test_reload_keeps_old_config_on_error(tmp_path: Path) -> None:
     assert "keeping the running config" in stderr
 
 
+def test_the_banner_says_which_envoy_services_grpc_serves() -> None:
+    """grpc.aio serves the rate-limit and the quota service; ``--grpc-threads`` only RLS."""
+    proc = ServiceProcess(grpc=True, extra=("--grpc-threads", "2"))
+    try:
+        assert "and gRPC (Envoy RLS) on 127.0.0.1:" in proc.banner
+    finally:
+        proc.stop()
+
+
 def test_invalid_config_refused_at_start(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("policies:\n  a:\n    rate: 10/minute\n    algorithm: leaky\n")
@@ -447,6 +456,7 @@ def test_no_arguments_serves_the_example() -> None:
     proc = ServiceProcess(grpc=True)
     try:
         assert proc.banner.startswith("ratekeeper serving HTTP on http://127.0.0.1:")
+        assert "and gRPC (Envoy RLS and RLQS) on 127.0.0.1:" in proc.banner
         assert "[store: memory]" in proc.banner
         assert proc.grpc_port is not None
         with httpx.Client(base_url=proc.url, timeout=10) as http:

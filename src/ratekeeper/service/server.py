@@ -391,7 +391,8 @@ class Service:
         hangup = on_signal(loop, signal.SIGHUP, self.reload_soon)
         where = f"ratekeeper serving HTTP on http://{opts.host}:{http.port}"
         if grpc_port is not None:
-            where += f" and gRPC (Envoy RLS) on {opts.host}:{grpc_port}"
+            served = "Envoy RLS" if opts.grpc_threads else "Envoy RLS and RLQS"  # grpc_server
+            where += f" and gRPC ({served}) on {opts.host}:{grpc_port}"
         worker = "" if opts.worker is None else f" [worker {opts.worker}]"
         print(where, f"[store: {self.config.store.kind}]{worker}", flush=True)
         print("config: " + ", ".join(self.config.files), flush=True)

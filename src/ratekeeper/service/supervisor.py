@@ -217,7 +217,8 @@ class Supervisor:
         o = self.options
         where = f"ratekeeper serving HTTP on http://{o.host}:{self.port}"
         if self.grpc_port is not None:
-            where += f" and gRPC (Envoy RLS) on {o.host}:{self.grpc_port}"
+            served = "Envoy RLS" if o.grpc_threads else "Envoy RLS and RLQS"  # the workers' banner
+            where += f" and gRPC ({served}) on {o.host}:{self.grpc_port}"
         pids = ", ".join(str(w.proc.pid) for w in self.workers if w.proc is not None)
         print(
             where, f"[store: {self.config.store.kind}] [workers: {len(self.workers)}]", flush=True
