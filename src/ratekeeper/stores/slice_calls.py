@@ -36,6 +36,7 @@ from ..algorithms.base import INF, Limit
 from ..errors import ConfigError, StoreUnavailable
 from .memory import MemoryStore
 from .redis.cluster import RedisClusterStore
+from .redis.codec import VALUES
 from .redis.keys import redis_key
 from .redis.sharded import ShardedRedisStore
 from .redis.single import RedisStore
@@ -53,7 +54,7 @@ def _script(*names: str) -> tuple[str, str]:
     return source, hashlib.sha1(source.encode("utf-8")).hexdigest()
 
 
-SLICES = _script("integer.lua", "slices.lua")
+SLICES = _script("integer.lua", *(f"value_{name}.lua" for name in VALUES), "slices.lua")
 HEARTBEAT = _script("heartbeat.lua")
 
 

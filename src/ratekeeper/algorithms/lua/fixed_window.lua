@@ -27,18 +27,8 @@ local flags = tonumber(ARGV[6])
 local count_rejected = math.floor(flags / 2) % 2 == 1
 local MAX_COUNT = 1e15 -- a count_rejected counter stops growing here (fixed_window.MAX_COUNT)
 
--- "<count><13-digit end>" as a number below 10**15 (< 2**53, exact) -> count, end: the
--- division is corrected for the rounding of v / 1e13
-local function split(v)
-  local used = math.floor(v / 1e13)
-  local ends = v - used * 1e13
-  if ends < 0 then
-    used, ends = used - 1, ends + 1e13
-  elseif ends >= 1e13 then
-    used, ends = used + 1, ends - 1e13
-  end
-  return used, ends
-end
+-- window_decode, window_encode and split come from value_fixed_window.lua, prepended when
+-- the script is loaded.
 
 -- Fast path, the common case: one rate, a hit in a live window whose value is the integer
 -- "<count><13-digit end>" (a count below 922336). Same decision as the general code below,
@@ -53,7 +43,7 @@ if op == 'hit' and N == 1 then
       used, ends = split(v)
     end
   elseif n > 15 and n <= 19 and not string.find(raw, ':', 1, true) then
-    -- beyond a double's exact range: the count and the end read apart, as decode does
+    -- beyond a double's exact range: the count and the end read apart, as window_decode does
     used, ends = tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
   end
   if used and ends and ends > now then
@@ -74,41 +64,10 @@ if op == 'hit' and N == 1 then
 end
 local reply, writes, all_allowed = {}, {}, true
 
-local function decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local n = #raw
-  if n <= 15 then -- the usual case, below 10**15 (< 2**53): split the number itself
-    local v = tonumber(raw)
-    if v then
-      return split(v)
-    end
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  if n <= 13 then
-    return 0, tonumber(raw)
-  end
-  return tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
-end
-
 -- a window that has ended is the same as none (the compact layout sweeps such fields)
 stale = function(i, raw)
-  local _, ends = decode(raw)
+  local _, ends = window_decode(raw)
   return not ends or ends <= now
-end
-
-local function encode(used, ends)
-  if ends >= 0 and ends < 1e13 and used >= 0 then
-    if used == 0 then
-      return string.format('%013d', ends)
-    end
-    return string.format('%d%013d', used, ends)
-  end
-  return string.format('%d:%d', used, ends)
 end
 
 local function ttl(ends)
@@ -126,7 +85,7 @@ local function change(i, raw, used, delta, ends)
       and (n <= 15 or not string.find(raw, ':', 1, true)) then
     writes[i] = {'add', delta .. '0000000000000'}
   else
-    writes[i] = {'save', encode(used + delta, ends), ttl(ends)}
+    writes[i] = {'save', window_encode(used + delta, ends), ttl(ends)}
   end
 end
 
@@ -146,11 +105,11 @@ if op == 'settle' then
   local debt, charged = tonumber(ARGV[3 * N + 5]), tonumber(ARGV[3 * N + 6])
   for i = 1, N do
     local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-    local used, ends = decode(load(i))
+    local used, ends = window_decode(load(i))
     local live = used and ends > now
     if cost < 0 then -- back to the reservation's window while it is the live one, as refund
       if live and ends == charged and used > 0 then
-        save(i, encode(used - math.min(-cost, used), ends), ttl(ends))
+        save(i, window_encode(used - math.min(-cost, used), ends), ttl(ends))
       end
     else -- an extra: into the live window, past the limit up to count + debt
       if not live then
@@ -158,7 +117,7 @@ if op == 'settle' then
       end
       local add = math.min(cost, math.max(0, count + debt - used))
       if add > 0 then
-        save(i, encode(used + add, ends), ttl(ends))
+        save(i, window_encode(used + add, ends), ttl(ends))
       end
     end
   end
@@ -168,10 +127,10 @@ end
 for i = 1, N do
   local count, period = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local raw = load(i)
-  local used, ends = decode(raw)
+  local used, ends = window_decode(raw)
   if op == 'refund' then
     if used and ends > now and used > 0 then -- never below zero (a credit's count stays)
-      writes[i] = {'save', encode(used - math.min(cost, used), ends), ttl(ends)}
+      writes[i] = {'save', window_encode(used - math.min(cost, used), ends), ttl(ends)}
     end
   elseif op == 'credit' or op == 'debit' then
     if not (used and ends > now) then
@@ -183,7 +142,7 @@ for i = 1, N do
     else
       after = math.max(used - cost, -MAX_COUNT)
     end
-    writes[i] = {'save', encode(after, ends), ttl(ends)}
+    writes[i] = {'save', window_encode(after, ends), ttl(ends)}
   else
     local live = used and ends > now
     if not live then
@@ -196,7 +155,7 @@ for i = 1, N do
       if live then
         change(i, raw, used, after - used, ends)
       else
-        writes[i] = {'save', encode(after, ends), ttl(ends)}
+        writes[i] = {'save', window_encode(after, ends), ttl(ends)}
       end
       used = after
     end

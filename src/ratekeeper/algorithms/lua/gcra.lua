@@ -25,29 +25,8 @@ local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now_us = now * 1000
 local DEBT = 2
 
--- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
-
-local function decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  local n = #raw
-  if n <= 16 then -- a tat alone: no count to convert from
-    return tonumber(raw), nil
-  end
-  return tonumber(string.sub(raw, n - 15)), tonumber(string.sub(raw, 1, n - 16))
-end
-
-local function encode(tat, count)
-  if count < 922 and tat >= 0 and tat < 1e16 then
-    return string.format('%d%016d', count, tat)
-  end
-  return string.format('%d:%d', tat, count)
-end
+-- idiv and ceil_div come from integer.lua, gcra_decode and gcra_encode from value_gcra.lua,
+-- both prepended when the script is loaded.
 
 -- a tat written under rate count `was`, read under T us per unit: the same units used (the
 -- remainder's share in doubles, rounded down, as gcra.convert computes it)
@@ -67,7 +46,7 @@ end
 -- wrote it: converted to the caller's count, a debt of less than one of its units would look
 -- idle while it still counts under its own
 stale = function(i, raw)
-  local tat = decode(raw)
+  local tat = gcra_decode(raw)
   return not tat or tat <= now_us
 end
 
@@ -85,7 +64,7 @@ if op == 'settle' then
     local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
       tonumber(ARGV[3 * i + 3])
     local t = ceil_div(period * 1000, count)
-    local stored, was = decode(load(i))
+    local stored, was = gcra_decode(load(i))
     if stored and was and was ~= count then
       stored = convert(stored, was, t, period)
     end
@@ -109,7 +88,7 @@ if op == 'settle' then
       end
     end
     if new then
-      save(i, encode(new, count), ttl(new))
+      save(i, gcra_encode(new, count), ttl(new))
     end
   end
   return {}
@@ -120,7 +99,7 @@ for i = 1, N do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
   local t = ceil_div(period * 1000, count)
-  local stored, was = decode(load(i))
+  local stored, was = gcra_decode(load(i))
   if stored and was and was ~= count then
     stored = convert(stored, was, t, period)
     keeps[i] = stored
@@ -164,14 +143,14 @@ if op == 'hit' and all_allowed or op == 'refund' or op == 'credit' or op == 'deb
   for i = 1, N do
     local tat = writes[i]
     if tat then
-      save(i, encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
+      save(i, gcra_encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
     end
   end
 elseif op == 'hit' then -- rejected: a state written under another count is restated
   for i = 1, N do
     local tat = keeps[i]
     if tat and tat > now_us then
-      save(i, encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
+      save(i, gcra_encode(tat, tonumber(ARGV[3 * i + 1])), ttl(tat))
     end
   end
 end

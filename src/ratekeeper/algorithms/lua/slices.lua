@@ -27,7 +27,8 @@ local need, want, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]
 local debt, settles, slice_id = tonumber(ARGV[9]), ARGV[10], ARGV[11]
 local epoch = tonumber(ARGV[12])
 
--- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
+-- idiv and ceil_div come from integer.lua, the algorithms' value encodings (window_, bucket_
+-- and gcra_decode/encode) from value_<algorithm>.lua, all prepended when the script is loaded.
 
 local function load_pairs()
   local ps = {}
@@ -107,84 +108,6 @@ end
 
 local function fmt(x)
   return string.format('%d', x)
-end
-
--- the algorithms' value encodings (as in fixed_window.lua and token_bucket.lua)
-local function window_decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  local n = #raw
-  if n <= 13 then
-    return 0, tonumber(raw)
-  end
-  return tonumber(string.sub(raw, 1, n - 13)), tonumber(string.sub(raw, n - 12))
-end
-
-local function window_encode(used, ends)
-  if ends >= 0 and ends < 1e13 and used >= 0 then
-    if used == 0 then
-      return string.format('%013d', ends)
-    end
-    return string.format('%d%013d', used, ends)
-  end
-  return string.format('%d:%d', used, ends)
-end
-
-local EPOCH = 1700000000000
-
--- token_bucket.lua's encoding: the debt (missing tokens x period_ms) and when it was counted
-local function bucket_decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  local n = #raw
-  if n <= 12 then
-    return 0, tonumber(raw) + EPOCH
-  end
-  return tonumber(string.sub(raw, 1, n - 12)), tonumber(string.sub(raw, n - 11)) + EPOCH
-end
-
-local function bucket_encode(debt, time_ms)
-  local since = time_ms - EPOCH
-  if since >= 0 and since < 1e12 then
-    if debt == 0 then
-      return string.format('%012d', since)
-    end
-    return string.format('%d%012d', debt, since)
-  end
-  return string.format('%d:%d', debt, time_ms)
-end
-
--- gcra.lua's encoding: the arrival time and the count it was written under
-local function gcra_decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  local n = #raw
-  if n <= 16 then
-    return tonumber(raw), nil
-  end
-  return tonumber(string.sub(raw, n - 15)), tonumber(string.sub(raw, 1, n - 16))
-end
-
-local function gcra_encode(tat, was)
-  if was < 922 and tat >= 0 and tat < 1e16 then
-    return string.format('%d%016d', was, tat)
-  end
-  return string.format('%d:%d', tat, was)
 end
 
 local ps = load_pairs()

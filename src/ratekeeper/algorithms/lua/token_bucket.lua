@@ -24,37 +24,8 @@
 local op, now, cost = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local DEBT = 2
 
--- idiv and ceil_div come from integer.lua, prepended when the script is loaded.
-
--- times are stored as ms since EPOCH in 12 digits (until 2055), leaving 7 digits of a 64-bit
--- integer for the debt: a bucket one request short of 10/hour or 1000/minute stays an integer
-local EPOCH = 1700000000000
-
-local function decode(raw)
-  if not raw then
-    return nil, nil
-  end
-  local sep = string.find(raw, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
-  end
-  local n = #raw
-  if n <= 12 then
-    return 0, tonumber(raw) + EPOCH
-  end
-  return tonumber(string.sub(raw, 1, n - 12)), tonumber(string.sub(raw, n - 11)) + EPOCH
-end
-
-local function encode(debt, time_ms)
-  local since = time_ms - EPOCH
-  if since >= 0 and since < 1e12 then
-    if debt == 0 then
-      return string.format('%012d', since)
-    end
-    return string.format('%d%012d', debt, since)
-  end
-  return string.format('%d:%d', debt, time_ms)
-end
+-- idiv and ceil_div come from integer.lua, bucket_decode and bucket_encode from
+-- value_token_bucket.lua, both prepended when the script is loaded.
 
 -- a 0.1 value (layout LEGACY): "<tokens x period / gcd(count, period)><since>", the tokens the
 -- bucket held; the debt is what a bucket of this burst lacks
@@ -65,8 +36,8 @@ adopt = function(i, raw)
   while b > 0 do
     a, b = b, a - idiv(a, b) * b
   end
-  local high, updated = decode(raw)
-  return encode(math.max(0, burst * period - high * a), updated)
+  local high, updated = bucket_decode(raw)
+  return bucket_encode(math.max(0, burst * period - high * a), updated)
 end
 
 -- a bucket full again at every count is the same as none (the compact layout sweeps such
@@ -74,7 +45,7 @@ end
 -- debt drains at the reader's count, so it is judged at the slowest, 1 per period, never at
 -- the caller's (a bucket that a faster count would call full still counts under its own)
 stale = function(i, raw)
-  local debt, updated = decode(raw)
+  local debt, updated = bucket_decode(raw)
   if not debt then
     return true
   end
@@ -105,7 +76,7 @@ if op == 'settle' then
   for i = 1, N do
     local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
       tonumber(ARGV[3 * i + 3])
-    local stored, updated = decode(load(i))
+    local stored, updated = bucket_decode(load(i))
     local missing, new = nil, nil
     if cost < 0 then
       if stored then
@@ -124,7 +95,7 @@ if op == 'settle' then
       end
     end
     if new then
-      save(i, encode(new, updated), ttl(new, updated, count))
+      save(i, bucket_encode(new, updated), ttl(new, updated, count))
     end
   end
   return {}
@@ -135,7 +106,7 @@ for i = 1, N do
   local count, period, burst = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]),
     tonumber(ARGV[3 * i + 3])
   local full = burst * period
-  local stored, updated = decode(load(i))
+  local stored, updated = bucket_decode(load(i))
   held[i] = {stored, updated}
   if op == 'refund' or op == 'credit' then
     if stored then
@@ -179,7 +150,7 @@ if op == 'hit' and all_allowed or op == 'refund' or op == 'credit' or op == 'deb
     local w = writes[i]
     if w then
       local count = tonumber(ARGV[3 * i + 1])
-      save(i, encode(w[1], w[2]), ttl(w[1], w[2], count))
+      save(i, bucket_encode(w[1], w[2]), ttl(w[1], w[2], count))
     end
   end
 elseif op == 'hit' then -- rejected: a lowered count may need the state longer than written

@@ -4,8 +4,9 @@ Nothing here does I/O, so ``RedisStore``'s sync and async paths (and the sharded
 stores built on it) share it and differ only in how they send a command.
 
 - ``Script``: one algorithm's Lua twin (``algorithms/lua/<name>.lua``) for one key layout
-  (``integer.lua`` + ``layout_<layout>.lua`` + the twin), read with ``importlib.resources``
-  and SHA1-hashed once per process.
+  (``stack.lua`` + ``integer.lua`` + ``layout_<layout>.lua`` + ``value_<name>.lua`` for the
+  algorithms in ``VALUES`` + the twin), read with ``importlib.resources`` and SHA1-hashed
+  once per process.
 - ``Codec``: per store prefix and key layout (``layout``), turns a ``Plan`` into the full
   ``EVALSHA`` command (``EVALSHA_RO`` for ``peek``, so a replica can serve it) or into the
   command of a ``reset``. Each policy's script and per-rate ARGV are computed once and
@@ -56,6 +57,12 @@ states are packed into hash fields (``Codec.packed``)."""
 _Entry = tuple[Policy, str, tuple[str, ...], tuple[int, ...], bool]
 """A policy's script SHA, slots, per-rate ARGV and packing (``Codec.command``)."""
 
+VALUES = ("fixed_window", "token_bucket", "gcra")
+"""The algorithms whose stored value other scripts read too (``slices.lua``): each is encoded
+once, in ``value_<name>.lua``, prepended to its twin wherever the twin is loaded and to
+``slices.lua``. One file per algorithm, so a script creates only the functions it uses (a
+script's local functions are made anew at every call)."""
+
 COMPACT_RESET = "for i = 1, #KEYS do redis.call('HDEL', KEYS[i], ARGV[1]) end"
 """A compact layout's reset: the caller key's field out of each rate's hash (sent as EVAL)."""
 
@@ -103,11 +110,14 @@ def script(name: str, layout: str = "keys") -> Script:
             f"no Lua script for algorithm {name!r}; expected one of {sorted(ALGORITHMS)}"
         )
     lua = resources.files("ratekeeper.algorithms").joinpath("lua")
-    # integer.lua (exact integer division) and the layout's load/save are shared by every
-    # twin: one copy each, prepended here (sliding_log keeps its lists in either layout)
+    # integer.lua (exact integer division), the layout's load/save and value_<name>.lua
+    # (the stored value's encoding, shared with slices.lua) are one copy each, prepended
+    # here (sliding_log keeps its lists in either layout)
     parts = ["stack.lua", "integer.lua", f"layout_{layout}.lua", f"{name}.lua"]
     if name == "sliding_log":
         parts.remove(f"layout_{layout}.lua")
+    if name in VALUES:
+        parts.insert(-1, f"value_{name}.lua")
     source = "".join(lua.joinpath(part).read_text() for part in parts)
     sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
     _BY_SHA[sha] = source

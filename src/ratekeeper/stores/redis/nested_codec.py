@@ -1,7 +1,7 @@
 """The sans-I/O half of nested calls on Redis: ``NestedPlan`` -> one ``EVALSHA`` -> reply.
 
 - ``nested_script(layout)``: ``integer.lua``, then each algorithm's twin wrapped as
-  ``ALG[name] = function(KEYS, ARGV, N, LEGACY) <layout><twin> end`` (the same files the
+  ``ALG[name] = function(KEYS, ARGV, N, LEGACY) <layout><value><twin> end`` (the same files the
   one-key scripts are made of: one semantics; ``N`` and ``LEGACY``, which ``stack.lua``
   derives from the arguments of a one-key call, are given by the driver, as a settle's
   arguments would throw that count off), then ``nested.lua``, the driver. One script per key
@@ -39,7 +39,16 @@ from typing import Any
 from ...algorithms import ALGORITHMS
 from ...nested import NestedPlan, NestedReply, Tier
 from ...plan import make_plan
-from .codec import _BY_SHA, Codec, Command, Script, calendar_args, outcomes, policy_args
+from .codec import (
+    _BY_SHA,
+    VALUES,
+    Codec,
+    Command,
+    Script,
+    calendar_args,
+    outcomes,
+    policy_args,
+)
 from .keys import MAX_PLAIN_BYTES, encode_tag
 from .layout import MAX_FIELD_BYTES, PACKED, compact_field
 
@@ -55,6 +64,8 @@ def nested_script(layout: str = "keys") -> Script:
     parts = [read("integer.lua"), "local ALG = {}\n"]
     for name in ALGORITHMS:
         body = read(f"{name}.lua")
+        if name in VALUES:  # its stored value's encoding, as in its one-key script
+            body = read(f"value_{name}.lua") + body
         if name in PACKED:  # sliding_log keeps its lists in either layout
             body = read(f"layout_{layout}.lua") + body
         parts.append(f"ALG['{name}'] = function(KEYS, ARGV, N, LEGACY)\n{body}end\n")
