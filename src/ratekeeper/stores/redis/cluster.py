@@ -66,7 +66,7 @@ from .layout import CompactLayout
 from .leases import AsyncRedisLeases, LeaseCall, RedisLeases
 from .nested_codec import nested_command, nested_reply
 from .pipeline import Call
-from .single import _check_timeout, client_options
+from .single import _check_timeout, client_options, run_script, run_script_async
 from .urls import address, check_url
 
 _ERRORS = (RedisError, RedisClusterException, OSError)
@@ -240,10 +240,7 @@ class RedisClusterStore:
                 client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command = _on_primary(self.codec.command(plan))
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
@@ -254,10 +251,7 @@ class RedisClusterStore:
         command = self.codec.admin(plan)
         try:
             client = self._sync_client()
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return admin_outcomes(reply)
@@ -270,10 +264,7 @@ class RedisClusterStore:
         command = self.codec.admin(plan)
         try:
             await self._ready(side)
-            try:
-                reply = await client.execute_command(*command)
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))
+            reply = await run_script_async(client, command)
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return admin_outcomes(reply)
@@ -344,10 +335,7 @@ class RedisClusterStore:
         command = nested_command(self.codec, plan)
         try:
             client = self._sync_client()
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except _ERRORS as exc:
             raise _nested_unavailable(plan, exc) from exc
         return nested_reply(plan, reply)
@@ -366,10 +354,7 @@ class RedisClusterStore:
         command = nested_command(self.codec, plan)
         try:
             await self._ready(side)
-            try:
-                reply = await client.execute_command(*command)
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))
+            reply = await run_script_async(client, command)
         except _ERRORS as exc:
             raise _nested_unavailable(plan, exc) from exc
         return nested_reply(plan, reply)
@@ -382,10 +367,7 @@ class RedisClusterStore:
                 await client.execute_command(*self.codec.reset(plan))
                 return ()
             command = _on_primary(self.codec.command(plan))
-            try:
-                reply = await client.execute_command(*command)
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))
+            reply = await run_script_async(client, command)
         except _ERRORS as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)

@@ -59,6 +59,23 @@ from .urls import address, check_url, redact, scrub
 _R = TypeVar("_R", Retry, AsyncRetry)
 
 
+def run_script(client: Any, command: Command) -> Any:
+    """One script call: ``EVALSHA``, then ``EVAL`` with the source when Redis answers NOSCRIPT
+    (after a restart, a failover or ``SCRIPT FLUSH``); the store's only round trip otherwise."""
+    try:
+        return client.execute_command(*command)
+    except NoScriptError:
+        return client.execute_command(*fallback(command))
+
+
+async def run_script_async(client: Any, command: Command) -> Any:
+    """``run_script`` on an asyncio client."""
+    try:
+        return await client.execute_command(*command)
+    except NoScriptError:
+        return await client.execute_command(*fallback(command))
+
+
 def _check_timeout(socket_timeout: object) -> float:
     if (
         isinstance(socket_timeout, bool)
@@ -262,10 +279,7 @@ class RedisStore:
                 client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command = self.codec.command(plan)
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
@@ -290,10 +304,7 @@ class RedisStore:
                 await client.execute_command(*self.codec.reset(plan))  # type: ignore[no-untyped-call]  # untyped in redis-py
                 return ()
             command: Command = self.codec.command(plan)
-            try:
-                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = await run_script_async(client, command)
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return outcomes(reply)
@@ -305,10 +316,7 @@ class RedisStore:
             raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
         command = nested_command(self.codec, plan)
         try:
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except (RedisError, OSError) as exc:
             raise _nested_unavailable(plan, exc) from exc
         return nested_reply(plan, reply)
@@ -323,10 +331,7 @@ class RedisStore:
         client = side.client
         command = nested_command(self.codec, plan)
         try:
-            try:
-                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = await run_script_async(client, command)
         except (RedisError, OSError) as exc:
             raise _nested_unavailable(plan, exc) from exc
         return nested_reply(plan, reply)
@@ -339,10 +344,7 @@ class RedisStore:
             raise ConfigError("this RedisStore has only an async client; use AsyncLimiter")
         command = self.codec.admin(plan)
         try:
-            try:
-                reply = client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = run_script(client, command)
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return admin_outcomes(reply)
@@ -353,10 +355,7 @@ class RedisStore:
         client = self._aio().client
         command = self.codec.admin(plan)
         try:
-            try:
-                reply = await client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            except NoScriptError:
-                reply = await client.execute_command(*fallback(command))  # type: ignore[no-untyped-call]  # untyped in redis-py
+            reply = await run_script_async(client, command)
         except (RedisError, OSError) as exc:
             raise _unavailable(plan, exc) from exc
         return admin_outcomes(reply)
