@@ -89,7 +89,7 @@ class SentinelShard:
 
 def _options(url: str) -> dict[str, Any]:
     """redis-py connection options from a URL, without its host (``ssl`` for ``rediss``)."""
-    options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]  # untyped in redis-py
+    options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]  # untyped in redis-py
     for key in ("host", "port", "connection_class"):
         options.pop(key, None)
     if urlsplit(url).scheme == "rediss":
@@ -136,15 +136,15 @@ def sentinel_clients(shard: SentinelShard, socket_timeout: float) -> SentinelCli
     on_servers = {**_options(shard.url), **timeouts}
     # one immediate retry of a dropped connection, never of a timeout (as RedisStore's clients)
     retry = Retry(NoBackoff(), 1, supported_errors=_DROPPED)
-    # redis-py's Sentinel classes are untyped
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py before 8 has untyped Sentinel classes (8.x types them)
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         addresses, sentinel_kwargs={**on_sentinels, "retry": retry}, **on_servers
     )
     service = shard.service
 
     def manager() -> redis.asyncio.sentinel.Sentinel:
         async_retry = AsyncRetry(NoBackoff(), 1, supported_errors=_DROPPED)
-        return redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        return redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             addresses, sentinel_kwargs={**on_sentinels, "retry": async_retry}, **on_servers
         )
 
@@ -159,8 +159,8 @@ def sentinel_clients(shard: SentinelShard, socket_timeout: float) -> SentinelCli
         return client
 
     return SentinelClients(
-        sentinel.master_for(service, retry=retry),  # type: ignore[no-untyped-call]
-        sentinel.slave_for(service, retry=retry),  # type: ignore[no-untyped-call]
+        sentinel.master_for(service, retry=retry),  # type: ignore[no-untyped-call, unused-ignore]
+        sentinel.slave_for(service, retry=retry),  # type: ignore[no-untyped-call, unused-ignore]
         sentinel,
         async_primary,
         async_replicas,
