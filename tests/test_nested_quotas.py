@@ -53,19 +53,18 @@ def test_a_calendar_level_resets_at_the_period_end_and_settles_into_the_next(
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis", "cluster-compact"])
-def test_a_key_may_be_an_outer_and_an_inner_level_but_a_counter_appears_once(
+def test_a_key_may_be_an_outer_and_an_inner_level_each_its_own_counter(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
-    """Counters are named by window (``f:1m``), so two rates of one window on one key are one
-    counter: refused in one call; the outer key's own counter and its counter as an inner
-    level (scoped under the outer key) are two."""
+    """Counters are named by level: the outer key's own counter and its counter as an inner
+    level (scoped under the outer key) are two, and so is one key at two inner levels."""
     store = nested_store(kind, request)
     limiter = Limiter(store, clock=ManualClock(JAN_END), fail_open=False)
-    with pytest.raises(ConfigError, match="level 2 repeats level 1"):
-        limiter.nested([Level("o", "9/minute"), Level("u", "5/minute"), Level("u", "7/minute")])
     both = [Level("acme", "5/minute"), Level("acme", "2/minute")]
     assert [limiter.nested(both).allowed for _ in range(3)] == [True, True, False]
     assert limiter.hit("acme", "5/minute").remaining == 2  # the outer counter took 2, not 3
+    twice = [Level("o", "9/minute"), Level("u", "5/minute"), Level("u", "7/minute")]
+    assert [x.remaining for x in limiter.nested(twice).levels] == [8, 4, 6]
     close(store)
 
 

@@ -35,7 +35,7 @@ def left(store: Any, check: str, clock: Any) -> list[int]:
     """The org's and the key's remaining tokens under ``check``."""
     levels = [
         Level(f"{check}:acme", "1000/minute", cost=0),
-        Level(f"{check}:k1", "100/minute", cost=0),
+        Level(f"{check}:k1", "100/minute", cost=0, name=f"{check}.key"),
     ]
     return [d.remaining for d in Limiter(store, clock=clock).nested(levels, cost=0).levels]
 

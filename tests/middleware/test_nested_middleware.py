@@ -65,8 +65,8 @@ def remaining(store: Any, levels: list[Level], clock: Any) -> list[int]:
 def llm_levels(org: str = "acme", user: str = "u1", key: str = "k1") -> list[Level]:
     return [
         Level(f"llm:{org}", "3/minute"),
-        Level(f"llm:{user}", "2/minute"),
-        Level(f"llm:{key}", "100/minute"),
+        Level(f"llm:{user}", "2/minute", name="llm.user"),  # an inner level's counter is named
+        Level(f"llm:{key}", "100/minute", name="llm.key"),  # by its level too
     ]
 
 
@@ -173,7 +173,10 @@ def test_settled_from_a_response_header() -> None:
     )
     mw = RateLimitMiddleware(app_with_routes(), [check], store=store, clock=clock)
     client = client_for(mw)
-    levels = [Level("tokens:acme", "1000/minute"), Level("tokens:k1", "500/minute", "token_bucket")]
+    levels = [
+        Level("tokens:acme", "1000/minute"),
+        Level("tokens:k1", "500/minute", "token_bucket", name="tokens.key"),
+    ]
     r = client.get("/used", params={"tokens": 37}, headers=who())
     assert r.status_code == 200
     assert r.headers["RateLimit"] == '"tokens.key";r=300;t=24'  # the estimate, when answered
@@ -206,7 +209,10 @@ def test_a_streamed_completion_is_settled_when_its_last_chunk_goes_out() -> None
     )
     mw = RateLimitMiddleware(app_with_routes(), [check], store=store, clock=clock)
     client = client_for(mw)
-    levels = [Level("tokens:acme", "1000/minute"), Level("tokens:k1", "100/minute")]
+    levels = [
+        Level("tokens:acme", "1000/minute"),
+        Level("tokens:k1", "100/minute", name="tokens.key"),
+    ]
     with client.stream("GET", "/complete", params={"tokens": 12}, headers=who()) as response:
         assert response.headers["RateLimit"] == '"tokens.key";r=50;t=60'
         assert b"".join(response.iter_bytes()) == b"tok " * 12
@@ -477,7 +483,10 @@ def test_wsgi_settles_when_the_body_is_closed() -> None:
         cost=50,
         actual=costs.reported(),
     )
-    levels = [Level("tokens:acme", "1000/minute"), Level("tokens:k1", "100/minute")]
+    levels = [
+        Level("tokens:acme", "1000/minute"),
+        Level("tokens:k1", "100/minute", name="tokens.key"),
+    ]
     mw = WSGIRateLimitMiddleware(wsgi_app, [check], store=store, clock=clock)
     with wsgi_server(mw) as base, httpx.Client(base_url=base, timeout=10) as http:
         r = http.get("/complete?7", headers=who())

@@ -146,7 +146,6 @@ def test_toggles_per_level(store: MemoryStore, clock: ManualClock) -> None:
         {},
         {"levels": []},
         {"levels": "org"},
-        {"levels": [lv("org", "a")] * 2},
         {"levels": [lv("nope", "a")]},
         {"levels": [{"policy": "org"}]},
         {"levels": [lv("org", "")]},

@@ -7,6 +7,7 @@ No I/O and no store: the stores import these types, and the limiters' ``limiter.
 builds the calls and answers them.
 """
 
+from .levels import MAX_COST as MAX_COST
 from .levels import MAX_DEBT as MAX_DEBT
 from .levels import MAX_LEVELS as MAX_LEVELS
 from .levels import Level as Level
@@ -21,6 +22,7 @@ from .levels import compile_levels as compile_levels
 from .levels import counter as counter
 from .levels import decide_nested as decide_nested
 from .levels import degraded_nested as degraded_nested
+from .levels import level_label as level_label
 from .levels import run_levels as run_levels
 from .reservations import MAX_AMOUNT as MAX_AMOUNT
 from .reservations import MAX_TTL as MAX_TTL

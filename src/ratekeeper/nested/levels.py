@@ -14,9 +14,14 @@ Rules, the same on every store (the memory store runs them in Python, the Redis 
 - **One store call**, hash-tagged on the outermost key: its shard (``ShardedRedisStore``), its
   Cluster slot, its ``RolloutStore`` side. So an inner level's counter belongs to the
   outermost key: level 0 is the outer key's own counter (the one ``hit`` uses), a level
-  below it is the counter of (outer key, its key) — ``user:42`` under ``org:acme`` and under
-  ``org:beta`` are two counters, on every store. A key shared across outer keys gets a call
-  of its own (docs/nested.md).
+  below it is the counter of (outer key, the level, its key) — ``user:42`` under ``org:acme``
+  and under ``org:beta`` are two counters, on every store. A key shared across outer keys
+  gets a call of its own (docs/nested.md).
+- **A counter is named by its level, never by a key alone**: the level is its ``name`` (and,
+  for a name several levels of the call share or levels without one, which of them it is:
+  ``Tier.label``), so the same string at two levels is two counters. Keys come from clients
+  (headers, tokens); whatever they are, they select a key within their level, never another
+  level's counter, and no two levels of a call ever collapse into one.
 - **The decision** (``NestedDecision``) holds every level's ``Decision``; ``level`` names the
   one that decided: when rejected, the rejecting level that frees up last (its
   ``retry_after`` is when the whole call could pass); when admitted, the tightest level —
@@ -54,6 +59,8 @@ NestedOp = Literal["hit", "peek", "refund", "reserve", "settle", "cancel"]
 MAX_LEVELS = 16
 """More levels than any hierarchy needs; a call's size (and its script's time) stays bounded."""
 MAX_DEBT = 10**12
+MAX_COST = 10**12
+"""The largest cost (a call's, a level's own, an estimate or an actual cost) a call takes."""
 
 NestedReply = tuple[int, tuple[tuple[Outcome, ...], ...]]
 """A store's answer: for hit/peek/reserve, allowed (1/0) and each level's outcomes; for
@@ -85,8 +92,9 @@ class Level:
 @dataclass(frozen=True, slots=True)
 class Tier:
     """A validated level: its policy, the cost it is charged, whether a settle applies to it,
-    the debt each rate may carry, and the outer key its counter is scoped under (None for
-    level 0, the outer key's own counter)."""
+    the debt each rate may carry, the outer key its counter is scoped under (None for level 0,
+    the outer key's own counter) and, below level 0, ``label``: which level it is, as its
+    counters' names carry it (``level_label``)."""
 
     key: str
     policy: Policy
@@ -95,6 +103,7 @@ class Tier:
     debts: tuple[int, ...]
     name: str | None
     scope: str | None
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +141,9 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
         raise ConfigError(
             f"a nested call has {len(levels)} levels; expected 1 to {MAX_LEVELS}, outermost first"
         )
+    check_amount(cost, "cost")
     tiers: list[Tier] = []
-    seen: dict[tuple[bool, str, str], int] = {}
+    named: dict[str, int] = {}  # inner levels so far by name ('' for none)
     outer = ""
     for index, level in enumerate(levels):
         if not isinstance(level, Level):
@@ -148,24 +158,17 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
             )
         policy = policy_of(level.rate, level.algorithm, level.burst, level.buckets, level.aligned)
         own = level.cost
-        if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own < 0):
-            raise ConfigError(
-                f"level {index} ({key!r}) cost={own!r} is invalid; expected a whole number "
-                ">= 0, or None for the call's cost"
-            )
-        for slot in policy.slots:
-            # level 0 is the outer key's own counter; the others are scoped under it
-            where = seen.setdefault((index == 0, key, slot), index)
-            if where != index:
-                rate = slot.split(":", 1)[1]
-                raise ConfigError(
-                    f"level {index} repeats level {where}: key {key!r} under {rate} of "
-                    f"{policy.algorithm.NAME}; each counter may appear once in a call"
-                )
+        if own is not None:
+            check_amount(own, f"level {index} ({key!r}) cost", " (or None for the call's cost)")
         if level.name is not None and (
             not isinstance(level.name, str) or not level.name or "\n" in level.name
         ):
             raise ConfigError(f"level {index} name={level.name!r} is invalid; expected a string")
+        label = ""
+        if index:  # level 0 is the outer key's own counter; the others are scoped under it
+            name = level.name or ""
+            label = level_label(name, named.get(name, 0))
+            named[name] = named.get(name, 0) + 1
         tiers.append(
             Tier(
                 key,
@@ -175,9 +178,27 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
                 _debts(policy, level.debt, index, key),
                 level.name,
                 None if index == 0 else outer,
+                label,
             )
         )
     return tuple(tiers)
+
+
+def check_amount(value: object, what: str, more: str = "") -> int:
+    """A cost, estimate or actual cost: a whole number from 0 to ``MAX_COST``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COST:
+        raise ConfigError(
+            f"{what}={value!r} is invalid; expected a whole number from 0 to {MAX_COST:_}{more}"
+        )
+    return value
+
+
+def level_label(name: str, repeat: int) -> str:
+    """An inner level as its counters' names carry it: its name ('' for none), then ``#n``
+    for the n-th later level of the call with that name. Written injectively (``%`` and ``#``
+    of a name escaped), so no two levels of a call share a label, whatever their names."""
+    text = name.replace("%", "%25").replace("#", "%23")
+    return f"{text}#{repeat}" if repeat else text
 
 
 def _debts(policy: Policy, debt: object, index: int, key: str) -> tuple[int, ...]:
@@ -200,10 +221,11 @@ def _debts(policy: Policy, debt: object, index: int, key: str) -> tuple[int, ...
 def counter(tier: Tier, slot: str) -> tuple[str, str]:
     """A tier's state slot as an in-process store names it: level 0 as ``hit`` does
     (``(slot, key)``); a scoped level under ``>`` + slot, which no plain slot starts with, and
-    the (outer, key) pair written injectively."""
+    (outer, label, key) written injectively."""
     if tier.scope is None:
         return (slot, tier.key)
-    return (">" + slot, f"{len(tier.scope)}:{tier.scope}{tier.key}")
+    scope, label = tier.scope, tier.label
+    return (">" + slot, f"{len(scope)}:{scope}{len(label)}:{label}{tier.key}")
 
 
 def run_levels(

@@ -55,11 +55,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ConfigError
-from .levels import NestedDecision, NestedPlan, Tier
+from .levels import MAX_COST, NestedDecision, NestedPlan, Tier
+from .levels import check_amount as check_amount
 
 MAX_TTL = 86_400.0
 """A day: a reservation lives from 1 ms to this long."""
-MAX_AMOUNT = 10**12
+MAX_AMOUNT = MAX_COST
+"""The largest estimate or actual cost: 10**12, as for any cost."""
 SettleStatus = Literal["settled", "already_settled", "expired", "degraded"]
 STATUSES: dict[int, SettleStatus] = {1: "settled", 2: "already_settled", 3: "expired"}
 """A store's settle/cancel status codes: 1 settled now, 2 settled or cancelled before (nothing
@@ -126,15 +128,6 @@ def restored(rid: str, levels: tuple[Tier, ...], ttl: float) -> Reservation:
 def new_id() -> str:
     """A reservation id: 128 random bits, URL-safe (never guessed, never reused)."""
     return secrets.token_urlsafe(16)
-
-
-def check_amount(value: object, what: str) -> int:
-    """An estimate or an actual cost: a whole number from 0 to 10**12."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_AMOUNT:
-        raise ConfigError(
-            f"{what}={value!r} is invalid; expected a whole number from 0 to {MAX_AMOUNT:_}"
-        )
-    return value
 
 
 def check_ttl(ttl: object) -> int:

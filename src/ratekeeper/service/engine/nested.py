@@ -146,7 +146,6 @@ class Nested:
         sent: list[Sent] = []
         shadow: list[tuple[int, int | None]] = []
         blocked = None
-        seen = set()
         for i, item in enumerate(raw):
             field = f"levels[{i}]"
             if not isinstance(item, dict):
@@ -170,9 +169,6 @@ class Nested:
             own = item.get("cost")
             if own is not None:
                 own = whole(own, f"{field}.cost", 0, MAX_AMOUNT)
-            if (spec.name, key) in seen:
-                raise BadRequest(field, f"{field} repeats policy {spec.name!r} and key {key!r}")
-            seen.add((spec.name, key))
             if spec.block:
                 blocked = blocked or spec.name
             if not spec.enabled:

@@ -11,11 +11,12 @@
   key's, or its bucket's in the compact layout), so one Cluster slot, one shard, one script:
 
   - level 0 is the outer key's own counter: exactly the keys ``hit`` uses;
-  - a level below is the counter of (outer key, its key), named ``scoped``:
-    ``{prefix}{tag}>{outer}>{key}>{slot}`` (each key escaped like a tag, ``>`` as ``%3E``;
-    past 200 bytes ``#`` and the SHA-256 of the pair), or in the compact layout the field
-    ``#>{outer}>{key}`` (past 64 bytes ``#>#`` and the base64 SHA-256) of the hash
-    ``{prefix}{tag}>{slot}``. No name of ``hit``'s starts ``{prefix}{tag}>`` (a slot starts
+  - a level below is the counter of (outer key, the level's label, its key), named
+    ``scoped``: ``{prefix}{tag}>{outer}>{label}>{key}>{slot}`` (each part escaped like a tag,
+    ``>`` as ``%3E``; past 200 bytes ``#`` and the SHA-256 of the three), or in the compact
+    layout the field ``#>{outer}>{label}>{key}`` (past 64 bytes ``#>#`` and the base64
+    SHA-256) of the hash ``{prefix}{tag}>{slot}``. The label (``nested.level_label``: the
+    level's name, or which unnamed level it is) keeps two levels apart whatever their keys. No name of ``hit``'s starts ``{prefix}{tag}>`` (a slot starts
     with an algorithm's letter) and no field of the compact layout starts ``#>`` (its hashed
     fields are base64), so nested counters never meet plain ones;
   - ``{prefix}{tag}>R`` and ``>Z``: the tag's reservations (a hash and a sorted set).
@@ -80,25 +81,25 @@ def _piece(key: str) -> str:
     return encode_tag(key).replace(">", "%3E")
 
 
-def _pair(outer: str, key: str) -> str:
-    """(outer, key) written injectively: two escaped tags around ``>``."""
-    return f"{_piece(outer)}>{_piece(key)}"
+def _triple(outer: str, label: str, key: str) -> str:
+    """(outer, label, key) written injectively: three escaped tags joined by ``>``."""
+    return f"{_piece(outer)}>{_piece(label)}>{_piece(key)}"
 
 
-def scoped(outer: str, key: str) -> str:
-    """The name part of (outer, key)'s counter in the default layout."""
-    pair = _pair(outer, key)
-    if len(pair.encode("utf-8", "surrogatepass")) > MAX_PLAIN_BYTES:
-        return "#" + hashlib.sha256(pair.encode("utf-8", "surrogatepass")).hexdigest()
-    return pair
+def scoped(outer: str, label: str, key: str) -> str:
+    """The name part of (outer, label, key)'s counter in the default layout."""
+    name = _triple(outer, label, key)
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_PLAIN_BYTES:
+        return "#" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return name
 
 
-def scoped_field(outer: str, key: str) -> str:
-    """(outer, key)'s field in the compact layout's hashes."""
-    pair = _pair(outer, key)
-    field = "#>" + pair
+def scoped_field(outer: str, label: str, key: str) -> str:
+    """(outer, label, key)'s field in the compact layout's hashes."""
+    name = _triple(outer, label, key)
+    field = "#>" + name
     if len(field.encode("utf-8", "surrogatepass")) > MAX_FIELD_BYTES:
-        digest = hashlib.sha256(pair.encode("utf-8", "surrogatepass")).digest()
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
         return "#>#" + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
     return field
 
@@ -119,8 +120,10 @@ def _level(codec: Codec, tag: str, tier: Tier) -> tuple[list[str], str]:
         return keys, compact_field(tier.key) if packed else ""
     head = f"{codec.prefix}{{{tag}}}>"
     if packed:
-        return [head + slot for slot in policy.slots], scoped_field(tier.scope, tier.key)
-    name = scoped(tier.scope, tier.key)
+        return [head + slot for slot in policy.slots], scoped_field(
+            tier.scope, tier.label, tier.key
+        )
+    name = scoped(tier.scope, tier.label, tier.key)
     return [f"{head}{name}>{slot}" for slot in policy.slots], ""
 
 
