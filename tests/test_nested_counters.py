@@ -206,7 +206,8 @@ def test_client_chosen_keys_never_share_a_counter_or_skip_a_level(
             clock.advance(seconds)
             strings = strings[:depth]
             outer = strings[0] or "-"
-            counters = [("outer", outer)] + [("in", outer, i, s) for i, s in enumerate(strings)][1:]
+            inner = [("in", outer, i, s) for i, s in enumerate(strings)][1:]
+            counters: list[tuple[Any, ...]] = [("outer", outer), *inner]
             before = [used(c) for c in counters]
             admit = all(u + 1 <= n for u, n in zip(before, limits, strict=True))
             d = limiter.nested(build(strings))

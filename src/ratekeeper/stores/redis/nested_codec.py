@@ -16,9 +16,10 @@
     ``>`` as ``%3E``; past 200 bytes ``#`` and the SHA-256 of the three), or in the compact
     layout the field ``#>{outer}>{label}>{key}`` (past 64 bytes ``#>#`` and the base64
     SHA-256) of the hash ``{prefix}{tag}>{slot}``. The label (``nested.level_label``: the
-    level's name, or which unnamed level it is) keeps two levels apart whatever their keys. No name of ``hit``'s starts ``{prefix}{tag}>`` (a slot starts
-    with an algorithm's letter) and no field of the compact layout starts ``#>`` (its hashed
-    fields are base64), so nested counters never meet plain ones;
+    level's name, or which unnamed level it is) keeps two levels apart whatever their keys.
+    No name of ``hit``'s starts ``{prefix}{tag}>`` (a slot starts with an algorithm's
+    letter) and no field of the compact layout starts ``#>`` (its hashed fields are base64),
+    so nested counters never meet plain ones;
   - ``{prefix}{tag}>R`` and ``>Z``: the tag's reservations (a hash and a sorted set).
   - with ``legacy_keys``, level 0 also names its counters' 0.1 keys (read when a counter has
     no state under its own name yet, as ``hit`` does); scoped levels are new, with nothing
