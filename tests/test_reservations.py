@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import redis
 
-from ratekeeper import ConfigError, Limiter, ManualClock
+from ratekeeper import ConfigError, Limiter, ManualClock, MemoryStore, RedisStore
 from ratekeeper.nested import Level
 from tests.nested_stores import NESTED_STORES, close, nested_store
 
@@ -76,6 +77,19 @@ def test_an_expired_reservation_gives_its_estimate_back(limiter: Limiter) -> Non
     assert limiter.settle(r, 12).status == "expired"
     assert left(limiter, org, user) == [88, 38]
     assert limiter.settle(r, 12).status == "already_settled"
+
+
+def test_a_keys_expired_reservations_come_back_on_its_first_call(limiter: Limiter) -> None:
+    """Issue 36, 4: on the memory store, key b's expired reservation waited behind key a's 40
+    (one sweep heap over every key, 32 per call); as on Redis, b's own call gives it back."""
+    a, b = Level("a", "100/minute"), Level("b", "10/minute")
+    for _ in range(40):
+        assert limiter.reserve([a], 1, ttl=1).allowed
+    assert limiter.reserve([b], 6, ttl=1).allowed
+    clock(limiter).advance(1)
+    assert left(limiter, b) == [10]  # b's own first call: its estimate is back
+    assert left(limiter, a) == [92]  # a's first call: 32 of its 40 (32 per call)
+    assert left(limiter, a) == [100]
 
 
 def test_a_crashed_process_leaks_nothing(limiter: Limiter) -> None:
@@ -249,3 +263,33 @@ def test_a_rejected_or_foreign_reservation_cannot_be_settled() -> None:
         limiter.settle(r, 1)
     with pytest.raises(ConfigError, match="not a Reservation"):
         limiter.settle("r-123", 1)  # type: ignore[arg-type]
+
+
+def test_a_keys_reservations_are_forgotten_when_redis_would_drop_them(redis_url: str) -> None:
+    """The memory store keeps an outer key's reservations exactly as long as ``nested.lua``
+    keeps R and Z (bounded memory, and the same decisions): the book's time equals the
+    keys' TTL after each reserve and settle, and past it the book is gone whole."""
+    org = Level("org", "10/minute")
+    memory_store = MemoryStore()
+    memory = Limiter(memory_store, clock=ManualClock(START))
+    remote = Limiter(RedisStore(redis_url, socket_timeout=5), clock=ManualClock(START))
+    client = redis.Redis.from_url(redis_url)
+
+    def lives() -> tuple[int, int]:
+        book = memory_store._nested.books["org"]
+        return book.expires_ms - round(clock(memory)() * 1000), client.pttl("rk{org}>R")
+
+    reservations = []
+    for ttl in (5.0, 200.0, 1.0):
+        reservations.append((memory.reserve([org], 1, ttl=ttl), remote.reserve([org], 1, ttl=ttl)))
+        book_ms, redis_ms = lives()
+        assert 0 <= book_ms - redis_ms < 2_000, (ttl, book_ms, redis_ms)  # Redis' clock ran on
+    for clocked in (memory, remote):
+        clock(clocked).advance(100)
+    mine, theirs = reservations[1]
+    assert memory.settle(mine, 1) == remote.settle(theirs, 1)
+    book_ms, redis_ms = lives()
+    assert 0 <= book_ms - redis_ms < 2_000
+    clock(memory).advance(book_ms / 1000)
+    memory.nested([Level("elsewhere", "1/minute")], cost=0)
+    assert "org" not in memory_store._nested.books and len(memory_store._nested) == 0

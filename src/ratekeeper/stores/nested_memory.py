@@ -3,15 +3,18 @@
 ``MemoryNested`` runs a ``NestedPlan`` on its ``MemoryStore``'s entries under the store's lock
 (so a nested call is atomic beside plain plans, which share level 0's counters): it sweeps
 expired reservations, then decides all levels (``nested.run_levels``) and writes only if every
-level admits, or settles. Reservations are kept here, by (outer key, id):
+level admits, or settles. Reservations are kept here, by (outer key, id), each outer key's in
+a ``_Book`` (what ``nested.lua`` keeps in the hash ``R`` and sorted set ``Z`` of its tag):
 
 - a live one holds its levels, estimate and reserve time, and is due at its expiry;
 - a settled or cancelled one is a tombstone, due when it is forgotten (``keep_ms`` after);
-- each call first takes up to ``SWEEP`` due entries, oldest first, from one heap over every
-  outer key: a live one gives its estimate back where it was charged. (``nested.lua`` sweeps
-  per outer key, as a Redis script must; an estimate comes back before the next call that
-  reads its counters either way, and giving it back later changes no decision — a refund at
-  any time before the next read leaves the same state to read.) ``sweep_all`` takes them all.
+- each call first takes up to ``SWEEP`` due entries of its own outer key, oldest first (as
+  ``nested.lua`` does): a live one gives its estimate back where it was charged. Another
+  key's entries wait for that key's call, so every key sees its expired estimates back on its
+  first call, exactly as on Redis, whatever other keys have due; ``sweep_all`` takes them all;
+- a book untouched by a reserve or settle for as long as ``nested.lua`` sets ``R`` and ``Z`` to
+  live (``hold_ms``, or past its latest due) is forgotten whole, as Redis drops the two keys:
+  by then its estimates have nothing left to give back to, and memory stays bounded.
 """
 
 from __future__ import annotations
@@ -51,13 +54,27 @@ class Entries(Protocol):
     def _write(self, key: tuple[str, str], expires_ms: int, state: Any, now_ms: int) -> None: ...
 
 
+@dataclass(slots=True)
+class _Book:
+    """One outer key's reservations: ``due``, a heap of (due_ms, id) (an entry whose record was
+    settled since, or is gone, is skipped), how many records it holds (none: the book goes,
+    as Redis deletes an empty R and Z), the latest due put in it (``top``), and when it is
+    forgotten whole unless a reserve or settle touches it (``expires_ms``: R and Z's TTL)."""
+
+    due: list[tuple[int, str]]
+    count: int = 0
+    top: int = 0
+    expires_ms: int = 0
+
+
 class MemoryNested:
     """The nested calls and reservations of one ``MemoryStore`` (see the module docstring)."""
 
     def __init__(self, store: Entries) -> None:
         self.store = store
         self.records: dict[tuple[str, str], _Record] = {}
-        self._due: list[tuple[int, str, str]] = []  # (due_ms, outer key, id); stale ones skipped
+        self.books: dict[str, _Book] = {}
+        self._expiring: list[tuple[int, str]] = []  # (expires_ms, outer key); stale ones skipped
 
     def __len__(self) -> int:
         return len(self.records)
@@ -66,7 +83,13 @@ class MemoryNested:
         """Run one nested plan atomically (under the store's lock)."""
         now = plan.now_ms
         with self.store._lock:
-            self._sweep(now, SWEEP)
+            self._forget(now, SWEEP)
+            book = self.books.get(plan.key)
+            if book is not None:
+                if book.expires_ms <= now:  # R and Z would be gone: nothing comes back
+                    self._drop(plan.key)
+                else:
+                    self._sweep(plan.key, book, now, SWEEP)
             if plan.op in ("hit", "peek", "reserve"):
                 return self._decide(plan)
             if plan.op == "refund":
@@ -76,24 +99,47 @@ class MemoryNested:
             return (self._settle(plan), ())
 
     def sweep_all(self, now_ms: int) -> int:
-        """Give back every expired reservation and forget every due tombstone (the store's
-        lock held); the number of reservations dropped."""
-        return self._sweep(now_ms, len(self._due))
+        """Give back every expired reservation and forget every due tombstone and every book
+        past its time (the store's lock held); the number of reservations dropped."""
+        before = len(self.records)
+        self._forget(now_ms, len(self._expiring))
+        for outer, book in list(self.books.items()):
+            self._sweep(outer, book, now_ms, len(book.due))
+        return before - len(self.records)
 
-    def _sweep(self, now: int, budget: int) -> int:
-        due, records = self._due, self.records
+    def _forget(self, now: int, budget: int) -> None:
+        """Drop up to ``budget`` books whose time has come, whole."""
+        expiring, books = self._expiring, self.books
+        while expiring and expiring[0][0] <= now and budget > 0:
+            _, outer = heapq.heappop(expiring)
+            book = books.get(outer)
+            if book is not None and book.expires_ms <= now:
+                self._drop(outer)
+                budget -= 1
+
+    def _drop(self, outer: str) -> None:
+        book = self.books.pop(outer)
+        for _, rid in book.due:
+            self.records.pop((outer, rid), None)
+
+    def _sweep(self, outer: str, book: _Book, now: int, budget: int) -> None:
+        """Take up to ``budget`` of ``outer``'s due entries: an expired reservation's estimate
+        goes back, a due tombstone is forgotten."""
+        due, records = book.due, self.records
         done = 0
         while due and due[0][0] <= now and done < budget:
-            due_ms, outer, rid = heapq.heappop(due)
+            due_ms, rid = heapq.heappop(due)
             record = records.get((outer, rid))
             if record is None or record.due_ms != due_ms:
                 continue  # settled since (re-queued) or already gone
             del records[(outer, rid)]
+            book.count -= 1
             done += 1
             if record.levels is not None:  # expired: its estimate goes back
                 for tier, marks in zip(record.levels, record.marks, strict=True):
                     self._give(tier, -record.estimate, record.since_ms, marks, now)
-        return done
+        if not book.count:
+            del self.books[outer]
 
     def _decide(self, plan: NestedPlan) -> NestedReply:
         now = plan.now_ms
@@ -119,7 +165,7 @@ class MemoryNested:
                     now,
                     tuple(tuple(o.reset_ms for o in outcomes[i]) for i in settling),
                 )
-                self._put(plan.key, plan.rid, record)
+                self._put(plan, record)
         else:  # a rejection or a peek is a use too: keys that keep knocking stay cached
             for keys in names:
                 store._touch(keys)
@@ -142,7 +188,7 @@ class MemoryNested:
                     if tier.settles:
                         self._give(tier, actual, now, (0,) * len(tier.debts), now)
             status = 3
-        self._put(plan.key, plan.rid, _Record(now + plan.keep_ms, None, 0, now))
+        self._put(plan, _Record(now + plan.keep_ms, None, 0, now))
         return status
 
     def _refund(self, tier: Tier, now: int) -> None:
@@ -184,6 +230,20 @@ class MemoryNested:
                 else:
                     store._drop(k)
 
-    def _put(self, outer: str, rid: str, record: _Record) -> None:
-        self.records[(outer, rid)] = record
-        heapq.heappush(self._due, (record.due_ms, outer, rid))
+    def _put(self, plan: NestedPlan, record: _Record) -> None:
+        """Record ``record`` under the plan's outer key and id, and keep the outer key's book
+        as long as ``nested.lua``'s ``touch`` keeps R and Z: ``hold_ms`` at least, and past
+        its latest due by a second."""
+        outer, now = plan.key, plan.now_ms
+        book = self.books.get(outer)
+        if book is None:
+            book = self.books[outer] = _Book([])
+        if (outer, plan.rid) not in self.records:
+            book.count += 1
+        self.records[(outer, plan.rid)] = record
+        heapq.heappush(book.due, (record.due_ms, plan.rid))
+        book.top = max(book.top, record.due_ms)
+        expires = now + max(plan.hold_ms, book.top - now + 1000)
+        if book.expires_ms < expires:
+            book.expires_ms = expires
+            heapq.heappush(self._expiring, (expires, outer))
