@@ -34,18 +34,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..clock import Clock
 from ..errors import ConfigError
-from ..nested import MAX_LEVELS, Level, check_ttl, compile_levels
+from ..nested import MAX_COST, MAX_LEVELS, Level, check_ttl, compile_levels
 from ..overload.adaptive import GradientLimit, GradientSettings
 from ..overload.admission import AdmissionCore
 from ..overload.concurrency import check_capacity
 from ..overload.shedding import DEFAULT_TIERS, WorkerUtilizationShedder
 from ..overload.signals import QueueDelay
 from ..plan import make_policy
-from ..rates import Rate, to_rates
+from ..rates import Rate
 from .costs import Actual
 from .functions import UserFunctionError, call
 from .request import KeyFunc, PathMatcher, RequestInfo, client_ip
@@ -80,19 +81,33 @@ def _check_unit(unit: object, rate: object = None, what: str = "") -> str | None
     return None if unit == "requests" else str(unit)
 
 
-def _check_cost(cost: object, low: int = 1) -> None:
-    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < low):
-        raise ConfigError(f"cost={cost!r} is invalid; expected a whole number >= {low}")
+def _check_cost(cost: object, low: int = 1, high: int | None = None) -> None:
+    if callable(cost):
+        return
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < low or cost > (high or cost):
+        expected = f">= {low}" if high is None else f"from {low} to {high:_}"
+        raise ConfigError(f"cost={cost!r} is invalid; expected a whole number {expected}")
 
 
 def called_cost(function: CostFunc, request: RequestInfo) -> int:
-    """A nested check's (or level's) cost function's answer: a whole number >= 0, else the
-    function has erred (``UserFunctionError``)."""
+    """A nested check's (or level's) cost function's answer: a whole number from 0 to
+    10**12, else the function has erred (``UserFunctionError``)."""
     cost = call(function, request, "cost")
-    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
-        error = ConfigError(f"cost {cost!r} is invalid; expected a whole number >= 0")
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
+        error = ConfigError(f"cost {cost!r} is invalid; expected a whole number from 0 to "
+                            f"{MAX_COST:_}")  # fmt: skip
         raise UserFunctionError(function, "cost", error) from error
     return cost
+
+
+@lru_cache(maxsize=4096)
+def _level_rate(rate: object, algorithm: str, burst: object, buckets: object, debt: object) -> None:
+    """A level's rate (a rate function's answer too) with its algorithm, options and debt,
+    refused as a nested call would refuse it (``ConfigError``); checked once per spelling."""
+    if isinstance(rate, str) and rate.strip().startswith("plan:"):
+        raise ConfigError(f"rate {rate!r} names a plan's limit; levels do not take one")
+    level = Level("k", rate, algorithm, burst, buckets, debt=debt)  # type: ignore[arg-type]  # checked here
+    compile_levels([level], 1, make_policy)
 
 
 def _check_name(name: object) -> None:
@@ -221,14 +236,15 @@ class CheckLevel:
             raise ConfigError(f"level name {self.name!r} is invalid; expected no '.'")
         rate = "1/1ms" if callable(self.rate) else self.rate
         if self.cost is not None:
-            _check_cost(self.cost, 0)
+            _check_cost(self.cost, 0, MAX_COST)
         level = Level("k", rate, self.algorithm, self.burst, self.buckets, debt=self.debt)
         compile_levels([level], 1, make_policy)  # rate, options and debt: fail at startup
 
     def level(self, check: str, request: RequestInfo) -> Level | None:
         """This level for ``request`` (None: a key or rate function said it does not apply).
-        A function that raises, or answers what is no rate or cost, raises
-        ``UserFunctionError`` (as a ``RateCheck``'s do, ``gate.rate_op``)."""
+        A function that raises, or answers what is no rate (or one this level's algorithm,
+        options or debt refuse) or cost, raises ``UserFunctionError`` (as a ``RateCheck``'s
+        do, ``gate.rate_op``): never a failure of the nested call after it."""
         key = call(self.key, request, "key")
         if key is None:
             return None
@@ -238,9 +254,12 @@ class CheckLevel:
             if rate is None:
                 return None
             try:
-                if isinstance(rate, str) and rate.strip().startswith("plan:"):
-                    raise ConfigError(f"rate {rate!r} names a plan's limit; levels do not take one")
-                to_rates(rate)
+                try:
+                    _level_rate(rate, self.algorithm, self.burst, self.buckets, self.debt)
+                except TypeError:  # unhashable (a list of rates): checked uncached
+                    _level_rate.__wrapped__(
+                        rate, self.algorithm, self.burst, self.buckets, self.debt
+                    )
             except Exception as exc:
                 raise UserFunctionError(self.rate, "rate", exc) from exc
         cost = self.cost
@@ -297,7 +316,7 @@ class NestedCheck:
                 raise ConfigError(f"level {i} of {self.name!r} is {level!r}; expected CheckLevel")
             if names.index(level.name) != i:
                 raise ConfigError(f"level name {level.name!r} is used twice in {self.name!r}")
-        _check_cost(self.cost, 0)
+        _check_cost(self.cost, 0, MAX_COST)
         if self.actual is not None and not callable(self.actual):
             raise ConfigError(
                 f"actual={self.actual!r} is invalid; expected a function of the request and its "

@@ -1,6 +1,10 @@
 """How a request ends: ``Gate.finish`` (refunds and releases), ``Gate.settle`` (the
 reservations), ``Gate.abort`` (an admission cut short), and which charges a status keeps.
 
+A ``NestedCheck`` without ``actual`` gives every level back (``unnest``) when a later check
+refused the request, it was cut short, the app raised before answering (no status) or the
+status is not charged; a ``RateCheck``'s charge stays when the app raised.
+
 A ``NestedCheck`` with ``actual`` reserved its estimate when the request was admitted. When
 the response has ended (``Gate.settle``, from ``finish`` or from a middleware that saw the last
 body chunk go out) each reservation becomes one operation, once:
@@ -74,6 +78,11 @@ class Ending:
             elif status is not None:
                 for op in adm.charged:
                     if not self._keeps(op, status):
+                        ops.append(_undo(op))
+            else:  # the app raised before answering: a nested charge goes back, as a
+                # reservation is cancelled (a rate check's stays: the request was made)
+                for op in adm.charged:
+                    if op.kind == "nest":
                         ops.append(_undo(op))
         for index, lease in adm.leases:
             ops.append(Op("release", index, lease=lease))
