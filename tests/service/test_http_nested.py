@@ -5,6 +5,8 @@ a 4xx for every malformed body."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,3 +103,71 @@ def test_bad_bodies_are_a_4xx_naming_the_field(
     response = post(served, path, body)
     assert 400 <= response.status_code < 500, response.text
     assert response.json()["field"] == field
+
+
+def token(levels: list[list[Any]]) -> str:
+    raw = json.dumps(["made-up-id", 60_000, levels]).encode()  # "\ud800" stays an escape
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "key", ["\ud800", "x" * 6000, "a\udfffb", ""], ids=["surrogate", "6000", "inner", "empty"]
+)
+@pytest.mark.parametrize("path", ["/v1/settle", "/v1/cancel"])
+def test_a_tokens_keys_get_hits_key_checks(
+    served: Served, redis_url: str, key: str, path: str
+) -> None:
+    """Issue 36, 6: a token naming a lone surrogate or a 6,000-character key settled (200)
+    and charged that counter, where ``/v1/hit`` answers 400: now the same 400, nothing
+    charged."""
+    client = redis.Redis.from_url(redis_url)
+    before = set(client.keys("*"))
+    for levels in ([["user", key, None]], [["org", "acme", None], ["user", key, None]]):
+        body: dict[str, Any] = {"reservation": token(levels)}
+        if path == "/v1/settle":
+            body["actual"] = 5
+        answer = post(served, path, body)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["field"] == "reservation"
+        with httpx.Client(base_url=f"http://127.0.0.1:{served.port}", timeout=10) as http:
+            hit = http.post(  # JSON's "\ud800" escape: what a client can send
+                "/v1/hit", content=json.dumps({"levels": [{"policy": "user", "key": key}]}),
+                headers={"content-type": "application/json"},
+            )  # fmt: skip
+        assert hit.status_code == 400  # what /v1/hit says of the same key
+    assert set(client.keys("*")) == before
+    client.close()
+
+
+HUGE = 10**12 + 1
+OWN_HUGE = [LEVELS[0], {**LEVELS[1], "cost": HUGE}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/hit", {"levels": LEVELS, "cost": HUGE}),
+        ("/v1/hit", {"levels": OWN_HUGE}),
+        ("/v1/reserve", {"levels": LEVELS, "estimate": HUGE}),
+        ("/v1/reserve", {"levels": OWN_HUGE, "estimate": 1}),
+    ],
+)
+def test_a_cost_above_10_12_is_a_400(served: Served, path: str, body: Any) -> None:
+    """Issue 36, 5: a nested cost above 10**12 is refused, never a rejection forever."""
+    answer = post(served, path, body)
+    assert answer.status_code == 400, answer.text
+    assert "1000000000000" in answer.json()["error"]
+
+
+def test_one_policy_and_key_at_two_levels_is_charged_on_both(served: Served) -> None:
+    """The same policy and key at two levels are two levels (the outer key's own counter,
+    and one inside it), charged as written: it was a 400 that a client's choice of key
+    could trigger, where the caller passes the client's strings."""
+    twice = [{"policy": "user", "key": "same"}, {"policy": "user", "key": "same"}]
+    answers = [post(served, "/v1/hit", {"levels": twice}).json() for _ in range(4)]
+    assert [a["allowed"] for a in answers] == [True, True, True, False]
+    assert [x["remaining"] for x in answers[2]["levels"]] == [0, 0]
+    inner = [{"policy": "org", "key": "acme"}, *twice]
+    assert [
+        x["remaining"] for x in post(served, "/v1/hit", {"levels": inner}).json()["levels"]
+    ] == [999, 2, 2]

@@ -14,9 +14,10 @@ answer, never refuses the call (all or nothing leaves no way to count a level th
 refuse).
 
 A reservation is settled (or cancelled) from what its token said (``NestedSettle``: its id,
-time to live and levels): the levels are rebuilt from the policies as configured then, and the
-store's record of the reservation says where the estimate went. One it does not know settles
-as an unknown reservation: the actual cost is charged, within each level's debt bound.
+time to live and levels): each key checked as ``/v1/hit`` checks one (a token is the client's
+to forge), the levels rebuilt from the policies as configured then, and the store's record of
+the reservation says where the estimate went. One it does not know settles as an unknown
+reservation: the actual cost is charged, within each level's debt bound.
 
 Envoy descriptors decided as one nested call, the opt-in ``envoy.nested_domains``
 (``decide_nested``):
@@ -210,6 +211,10 @@ class Nested:
         engine = self.engine
         levels = []
         for i, (name, key, own) in enumerate(sent):
+            try:  # a token's key gets /v1/hit's checks: a client may have written the token
+                key = engine.check_key(key, f"the reservation's level {i} key")
+            except BadRequest as exc:
+                raise BadRequest("reservation", str(exc)) from None
             try:
                 spec = engine.spec(name)
             except BadRequest:
