@@ -96,6 +96,23 @@ def test_unnamed_levels_with_one_key_are_counters_of_their_own(
     close(store)
 
 
+@pytest.mark.parametrize("kind", ["memory", "redis", "redis-compact", "cluster"])
+def test_names_that_spell_a_repeat_are_levels_of_their_own(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A level named ``a#1``, the second level named ``a`` and names holding ``%`` or ``>``
+    never share a counter (a label is written injectively)."""
+    store = nested_store(kind, request)
+    limiter = Limiter(store, clock=ManualClock(START), fail_open=False)
+    names = ["a#1", "a", "a", "a%231", "%", "%25", ">", "%3E", None, None]
+    levels = [Level("o", "99/minute")] + [
+        Level("k", f"{n}/minute", name=name) for n, name in enumerate(names, 2)
+    ]
+    d = limiter.nested(levels)
+    assert [x.remaining for x in d.levels] == [98] + [n - 1 for n in range(2, 12)]
+    close(store)
+
+
 # ---------------------------------------------------------------- the property
 
 CLIENT = st.sampled_from(
