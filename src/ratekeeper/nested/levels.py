@@ -141,7 +141,8 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
         raise ConfigError(
             f"a nested call has {len(levels)} levels; expected 1 to {MAX_LEVELS}, outermost first"
         )
-    check_amount(cost, "cost")
+    if type(cost) is not int or not 0 <= cost <= MAX_COST:
+        check_amount(cost, "cost")
     tiers: list[Tier] = []
     named: dict[str, int] = {}  # inner levels so far by name ('' for none)
     outer = ""
@@ -167,8 +168,10 @@ def compile_levels(levels: object, cost: int, policy_of: PolicyOf) -> tuple[Tier
         label = ""
         if index:  # level 0 is the outer key's own counter; the others are scoped under it
             name = level.name or ""
-            label = level_label(name, named.get(name, 0))
-            named[name] = named.get(name, 0) + 1
+            repeat = named.get(name, 0)
+            named[name] = repeat + 1
+            plain = not repeat and "%" not in name and "#" not in name  # its label: itself
+            label = name if plain else level_label(name, repeat)
         tiers.append(
             Tier(
                 key,

@@ -65,6 +65,9 @@ class _Book:
     count: int = 0
     top: int = 0
     expires_ms: int = 0
+    queued: int = 0
+    """The time its entry in ``MemoryNested._expiring`` holds (one entry per book, moved on
+    when it comes due before ``expires_ms``)."""
 
 
 class MemoryNested:
@@ -83,12 +86,13 @@ class MemoryNested:
         """Run one nested plan atomically (under the store's lock)."""
         now = plan.now_ms
         with self.store._lock:
-            self._forget(now, SWEEP)
+            if self._expiring and self._expiring[0][0] <= now:
+                self._forget(now, SWEEP)
             book = self.books.get(plan.key)
             if book is not None:
                 if book.expires_ms <= now:  # R and Z would be gone: nothing comes back
                     self._drop(plan.key)
-                else:
+                elif book.due[0][0] <= now:  # (a book holds a record: its heap has entries)
                     self._sweep(plan.key, book, now, SWEEP)
             if plan.op in ("hit", "peek", "reserve"):
                 return self._decide(plan)
@@ -111,11 +115,16 @@ class MemoryNested:
         """Drop up to ``budget`` books whose time has come, whole."""
         expiring, books = self._expiring, self.books
         while expiring and expiring[0][0] <= now and budget > 0:
-            _, outer = heapq.heappop(expiring)
+            at, outer = heapq.heappop(expiring)
             book = books.get(outer)
-            if book is not None and book.expires_ms <= now:
+            if book is None or book.queued != at:
+                continue  # a book gone, or a later one of that key (queued on its own)
+            if book.expires_ms <= now:
                 self._drop(outer)
                 budget -= 1
+            else:  # touched since it was queued: queued again at its time
+                book.queued = book.expires_ms
+                heapq.heappush(expiring, (book.expires_ms, outer))
 
     def _drop(self, outer: str) -> None:
         book = self.books.pop(outer)
@@ -246,4 +255,6 @@ class MemoryNested:
         expires = now + max(plan.hold_ms, book.top - now + 1000)
         if book.expires_ms < expires:
             book.expires_ms = expires
-            heapq.heappush(self._expiring, (expires, outer))
+            if not book.queued:
+                book.queued = expires
+                heapq.heappush(self._expiring, (expires, outer))
