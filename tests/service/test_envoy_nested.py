@@ -38,3 +38,14 @@ def test_nested_domains_charge_every_descriptor_or_none() -> None:
     assert ask(envoy, ("ip", "s")).statuses[0].remaining == 6
     # another domain keeps upstream's rules
     assert not ask(envoy, Descriptor((("ip", "q"),)), hits=1).over
+
+
+def test_one_descriptor_twice_is_charged_at_both_levels() -> None:
+    """Two descriptors a client can make equal (two headers mapped to one descriptor key)
+    are two levels of the nested call, each charged: it raised ``ConfigError`` ("level 2
+    repeats level 1"), and the request went unanswered by the limits."""
+    envoy, _ = make("envoy:\n  nested_domains: [edge]\n")
+    seen = [ask(envoy, ("ip", "x"), ("user", "u1"), ("user", "u1")) for _ in range(4)]
+    assert [a.over for a in seen] == [False, False, False, True]
+    assert [s.remaining for s in seen[2].statuses] == [7, 0, 0]
+    assert ask(envoy, ("ip", "x")).statuses[0].remaining == 6  # the refused one charged nothing
