@@ -1,0 +1,174 @@
+"""``Budget``: the client's view of one quota, and the pace it keeps under it (no I/O).
+
+A budget is seeded by the first response that states the quota and corrected by every later
+one: what the server says is the truth, the local count only fills the time between answers.
+
+- **What is left**: a response's ``remaining`` less every unit still in flight (sent, not yet
+  answered; the server may not have counted them yet) becomes ``left``; each request sent
+  takes its cost from it. An answer to a request sent before the one last applied is stale
+  and ignored (its ``remaining`` predates a newer count). When ``left`` cannot cover a
+  request, it waits for the reset; at the reset ``left`` is the limit less what is in flight.
+- **The pace**: when the quota's window is known (``RateLimit-Policy``'s ``w``), requests are
+  spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` requests of
+  tolerance, so that a fixed window, a token bucket or a GCRA on the server all admit them
+  (in any window of ``w`` seconds it sends at most ``burst + headroom * limit``). Without a
+  window, what is left is spread evenly until the reset.
+- **Tokens**: a budget whose unit is not ``requests`` is charged the request's declared cost
+  (``tokens``); the server's next ``remaining`` corrects the estimate.
+
+Timeline, ``"q";q=10;w=1`` seen with ``r=3;t=1`` at t=0, headroom 0.9 (interval 0.111 s),
+one request in flight: left = 3 - 1 = 2; sends at 0.0 and 0.111 take it to 0; a third waits
+for the reset at t=1, when left = 10 - (in flight).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .headers import Quota
+
+PROBE_SECONDS = 1.0
+"""How long an exhausted quota whose reset nobody stated is waited out before trying again."""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedPolicy:
+    """What the client has learned of one quota of one server and partition."""
+
+    host: str
+    partition: str
+    name: str
+    unit: str
+    limit: int | None
+    window_seconds: float | None
+    server_partition: str | None = None
+
+
+class Budget:
+    """One quota's state (see the module): mutable, owned by one ``PacerCore`` under its lock."""
+
+    __slots__ = (
+        "in_flight",
+        "left",
+        "limit",
+        "name",
+        "reset_at",
+        "seen_at",
+        "seen_seq",
+        "server_partition",
+        "tat",
+        "unit",
+        "window_seconds",
+    )
+
+    def __init__(self, name: str, unit: str, server_partition: str | None) -> None:
+        self.name = name
+        self.unit = unit
+        self.server_partition = server_partition
+        self.limit: int | None = None
+        self.window_seconds: float | None = None
+        self.left: float | None = None
+        """Units that may still be sent before ``reset_at`` (None: not known)."""
+        self.reset_at = math.inf
+        self.seen_seq = -1
+        self.seen_at = -math.inf
+        self.tat = -math.inf
+        """The pace's theoretical arrival time (epoch seconds)."""
+        self.in_flight = 0.0
+
+    def cost_of(self, tokens: int, body_bytes: int) -> float:
+        """What a request costs this quota: 1 request, its declared tokens or its body's
+        bytes (``content-bytes``)."""
+        if self.unit == "requests":
+            return 1.0
+        if self.unit == "content-bytes":
+            return float(body_bytes)
+        if self.unit == "concurrent-requests":
+            return 1.0
+        return float(tokens)
+
+    def interval(self, headroom: float, now: float) -> float | None:
+        """Seconds per unit of the pace, or None when there is none to keep."""
+        if self.unit == "concurrent-requests":
+            return None
+        if self.limit and self.window_seconds:
+            return self.window_seconds / (self.limit * headroom)
+        if self.left is not None and self.left > 0 and math.isfinite(self.reset_at):
+            return max(0.0, self.reset_at - now) / self.left
+        return None
+
+    def roll(self, now: float) -> None:
+        """Past the reset: what is left is the limit less what is in flight (unknown without a
+        limit); the next reset is a window later when the window is known."""
+        if self.left is None or now < self.reset_at:
+            return
+        if self.limit is None:
+            self.left, self.reset_at = None, math.inf
+            return
+        self.left = self.limit - self.in_flight
+        step = self.window_seconds
+        self.reset_at = self.reset_at + step if step else math.inf
+        if self.reset_at <= now:
+            self.reset_at = now + step if step else math.inf
+
+    def delay(self, cost: float, now: float, headroom: float, burst: int) -> float:
+        """Seconds until a request of ``cost`` may be sent (0: now; ``math.inf``: unknown)."""
+        self.roll(now)
+        if self.unit == "concurrent-requests":
+            if self.limit is not None and self.in_flight + 1 > self.limit:
+                return PROBE_SECONDS / 10  # a slot frees when an answer comes
+            return 0.0
+        if self.left is not None:
+            need = min(cost, self.limit) if self.limit is not None else cost
+            if self.left < need or self.left <= 0:
+                if math.isfinite(self.reset_at):
+                    return max(self.reset_at - now, 1e-3)
+                return PROBE_SECONDS
+        step = self.interval(headroom, now)
+        if step is None:
+            return 0.0
+        allowance = (max(burst, cost) if self.unit == "requests" else max(cost, 1.0)) * step
+        return max(0.0, max(self.tat, now) + cost * step - allowance - now)
+
+    def take(self, cost: float, now: float, headroom: float) -> None:
+        """A request of ``cost`` is sent now."""
+        if self.left is not None:
+            self.left -= cost
+        step = self.interval(headroom, now)
+        if step is not None:
+            self.tat = max(self.tat, now) + cost * step
+        self.in_flight += cost
+
+    def untake(self, cost: float) -> None:
+        """A request of ``cost`` that was taken is not sent after all (still in flight until
+        ``answered``)."""
+        if self.left is not None:
+            self.left += cost
+
+    def answered(self, cost: float) -> None:
+        """A request of ``cost`` has its answer (or failed): it is no longer in flight."""
+        self.in_flight = max(0.0, self.in_flight - cost)
+
+    def observe(self, quota: Quota, now: float, seq: int) -> None:
+        """A response to the request sent as number ``seq`` states this quota (its own cost is
+        no longer in flight: ``answered`` first)."""
+        self.seen_at = now
+        if quota.limit is not None:
+            self.limit = quota.limit
+        if quota.window_seconds is not None:
+            self.window_seconds = quota.window_seconds
+        if quota.remaining is None or seq < self.seen_seq:
+            return
+        if quota.reset_seconds is not None:
+            reset_at = now + quota.reset_seconds
+        else:
+            reset_at = now + (self.window_seconds or PROBE_SECONDS)
+        self.left = quota.remaining - self.in_flight
+        self.reset_at = reset_at
+        self.seen_seq = seq
+
+    def exhaust(self, now: float, seconds: float) -> None:
+        """A refusal (429) that named this quota: nothing is left for ``seconds``."""
+        self.left = min(self.left, 0.0) if self.left is not None else 0.0
+        self.reset_at = max(self.reset_at if math.isfinite(self.reset_at) else now, now + seconds)

@@ -1,0 +1,90 @@
+"""One pace across processes: the learned quotas' pace kept on a shared ratekeeper store.
+
+Each process learns the server's quotas from its own answers; what they must share is the
+*pace*. With ``shared=`` (a ``RedisStore``, ``ShardedRedisStore``, ``RedisClusterStore``, or a
+``LocalBudget`` around one), every request that its local budgets let go also takes its cost
+from a GCRA on the store at ``headroom`` times the quota's rate with the pacer's ``burst``
+(key ``{prefix}{server}|{partition}|{quota}``; ``|{server partition}`` when the server sent
+``pk``), through ratekeeper's own ``Limiter``/``AsyncLimiter``. Eight processes on one API
+key then send like one client: at most ``burst + headroom * limit`` in any window of the
+quota's length, whichever process sends. A refusal is waited out for its ``retry_after``.
+
+Only quotas whose window is known (``RateLimit-Policy``'s ``w``) are shared; the others are
+paced by each process from the server's ``remaining``. The limiter fails open: with the store
+unreachable each process paces alone at the full rate (counted in ``shared_degraded``), and
+the server's ``remaining`` still holds every process back once the quota runs low. A
+``LocalBudget`` pays where one process sends many requests per ``horizon`` (thousands a
+second); at tens or hundreds a second a plain store costs one round trip per request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..limiter import AsyncLimiter, Limiter
+from ..stores.base import AsyncStore, Store
+from .core import Ticket
+
+MAX_RATE_PER_SECOND = 1_000_000
+"""Quotas faster than this are not shared (ratekeeper's gcra refuses them, and no client
+needs to pace that finely)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAsk:
+    """The shared pace's charge for one request: the key, the rate, the units (charged in hits
+    of at most ``burst``) and the burst."""
+
+    key: str
+    rate: str
+    cost: int
+    burst: int
+
+
+class Shared:
+    """The shared store, and the limiters the sync and async pacers hit it through."""
+
+    def __init__(self, store: Any, prefix: str, clock: Any) -> None:
+        if not isinstance(store, Store):
+            raise ConfigError(f"shared={store!r} is invalid; expected a ratekeeper store")
+        if not isinstance(prefix, str) or len(prefix) > 128:
+            raise ConfigError(f"shared_prefix={prefix!r} is invalid; expected a short string")
+        self.store = store
+        self.prefix = prefix
+        self.clock = clock
+        self._sync: Limiter | None = None
+        self._async: AsyncLimiter | None = None
+
+    def limiter(self) -> Limiter:
+        if self._sync is None:
+            self._sync = Limiter(self.store, clock=self.clock, count_decisions=False)
+        return self._sync
+
+    def async_limiter(self) -> AsyncLimiter:
+        if self._async is None:
+            if not isinstance(self.store, AsyncStore):
+                raise ConfigError(f"shared={self.store!r} cannot be used by AsyncPacer")
+            self._async = AsyncLimiter(self.store, clock=self.clock, count_decisions=False)
+        return self._async
+
+    def asks(self, ticket: Ticket, headroom: float, burst: int) -> list[SharedAsk]:
+        """The shared hits a request that its local budgets let go must make."""
+        out = []
+        for budget, cost in ticket.charged:
+            limit, window = budget.limit, budget.window_seconds
+            if not limit or not window or budget.unit == "concurrent-requests" or cost <= 0:
+                continue
+            count = max(1, math.floor(limit * headroom))
+            period_ms = max(1, round(window * 1000))
+            if count * 1000 / period_ms > MAX_RATE_PER_SECOND:
+                continue
+            size = burst if budget.unit == "requests" else max(1, math.ceil(limit * (1 - headroom)))
+            key = f"{self.prefix}{ticket.request.server}|{ticket.partition}|{budget.name}"
+            if budget.server_partition is not None:
+                key += f"|{budget.server_partition}"
+            units = max(1, math.ceil(cost))
+            out.append(SharedAsk(key, f"{count}/{period_ms}ms", units, min(size, count)))
+        return out
