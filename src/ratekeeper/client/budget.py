@@ -6,13 +6,19 @@ one: what the server says is the truth, the local count only fills the time betw
 - **What is left**: a response's ``remaining`` less every unit still in flight (sent, not yet
   answered; the server may not have counted them yet) becomes ``left``; each request sent
   takes its cost from it. An answer to a request sent before the one last applied is stale
-  and ignored (its ``remaining`` predates a newer count). When ``left`` cannot cover a
-  request, it waits for the reset; at the reset ``left`` is the limit less what is in flight.
+  and ignored (its ``remaining`` predates a newer count). Servers round the reset up to
+  whole seconds (ratekeeper's ``t``, GitHub's epoch), so each answer is an upper bound of
+  the reset: while ``remaining`` only falls (the same window), the earliest is kept. When
+  ``left`` cannot cover a request, it waits for the reset; at the reset ``left`` is the
+  limit less what is in flight.
 - **The pace**: when the quota's window is known (``RateLimit-Policy``'s ``w``), requests are
   spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` requests of
   tolerance, so that a fixed window, a token bucket or a GCRA on the server all admit them
   (in any window of ``w`` seconds it sends at most ``burst + headroom * limit``). Without a
   window, what is left is spread evenly until the reset.
+- **Refilling quotas** (OpenAI's and Anthropic's: the reset is when the bucket is full
+  again): the rate is learned from an answer (``(limit - remaining) / reset``), what is left
+  grows at that rate, and the pace keeps ``headroom`` of it.
 - **Tokens**: a budget whose unit is not ``requests`` is charged the request's declared cost
   (``tokens``); the server's next ``remaining`` corrects the estimate.
 
@@ -49,12 +55,15 @@ class Budget:
     """One quota's state (see the module): mutable, owned by one ``PacerCore`` under its lock."""
 
     __slots__ = (
+        "accrued_at",
         "in_flight",
         "left",
         "limit",
         "name",
+        "refill_per_second",
         "reset_at",
         "seen_at",
+        "seen_remaining",
         "seen_seq",
         "server_partition",
         "tat",
@@ -72,10 +81,14 @@ class Budget:
         """Units that may still be sent before ``reset_at`` (None: not known)."""
         self.reset_at = math.inf
         self.seen_seq = -1
+        self.seen_remaining: int | None = None
         self.seen_at = -math.inf
         self.tat = -math.inf
         """The pace's theoretical arrival time (epoch seconds)."""
         self.in_flight = 0.0
+        self.refill_per_second: float | None = None
+        """A refilling quota's rate, learned from its answers (None: a window's quota)."""
+        self.accrued_at = -math.inf
 
     def cost_of(self, tokens: int, body_bytes: int) -> float:
         """What a request costs this quota: 1 request, its declared tokens or its body's
@@ -99,9 +112,18 @@ class Budget:
         return None
 
     def roll(self, now: float) -> None:
-        """Past the reset: what is left is the limit less what is in flight (unknown without a
-        limit); the next reset is a window later when the window is known."""
-        if self.left is None or now < self.reset_at:
+        """A refilling quota gains its rate's units since the last look (up to the limit);
+        a window's quota, past its reset, has the limit less what is in flight (unknown
+        without a limit), and the next reset is a window later when the window is known."""
+        if self.left is None:
+            return
+        rate = self.refill_per_second
+        if rate is not None and self.limit is not None:
+            gained = rate * max(0.0, now - self.accrued_at)
+            self.left = min(self.limit - self.in_flight, self.left + gained)
+            self.accrued_at = max(self.accrued_at, now)
+            return
+        if now < self.reset_at:
             return
         if self.limit is None:
             self.left, self.reset_at = None, math.inf
@@ -122,6 +144,9 @@ class Budget:
         if self.left is not None:
             need = min(cost, self.limit) if self.limit is not None else cost
             if self.left < need or self.left <= 0:
+                rate = self.refill_per_second
+                if rate:
+                    return max((max(need, 1e-9) - self.left) / rate, 1e-3)
                 if math.isfinite(self.reset_at):
                     return max(self.reset_at - now, 1e-3)
                 return PROBE_SECONDS
@@ -158,17 +183,48 @@ class Budget:
             self.limit = quota.limit
         if quota.window_seconds is not None:
             self.window_seconds = quota.window_seconds
+        if quota.refills and quota.window_seconds is None:
+            self._learn_rate(quota)
         if quota.remaining is None or seq < self.seen_seq:
             return
         if quota.reset_seconds is not None:
             reset_at = now + quota.reset_seconds
         else:
             reset_at = now + (self.window_seconds or PROBE_SECONDS)
+        if (
+            self.refill_per_second is None
+            and self.seen_remaining is not None
+            and quota.remaining <= self.seen_remaining
+            and now < self.reset_at < reset_at
+        ):
+            reset_at = self.reset_at  # the same window: the earliest of its upper bounds
         self.left = quota.remaining - self.in_flight
         self.reset_at = reset_at
         self.seen_seq = seq
+        self.seen_remaining = quota.remaining
+        self.accrued_at = now
+
+    def _learn_rate(self, quota: Quota) -> None:
+        """A refilling quota's rate from one answer: the units missing over the seconds until
+        full (OpenAI's resets are exact to the millisecond); its window, limit / rate, to two
+        significant digits (60 s, not 59.97: the shared pace is keyed by it)."""
+        limit, remaining, reset = quota.limit, quota.remaining, quota.reset_seconds
+        if limit is None or remaining is None or reset is None or reset <= 0:
+            return
+        if remaining >= limit:
+            return
+        window = _two_digits(limit * reset / (limit - remaining))
+        self.refill_per_second = limit / window
+        self.window_seconds = window
 
     def exhaust(self, now: float, seconds: float) -> None:
         """A refusal (429) that named this quota: nothing is left for ``seconds``."""
         self.left = min(self.left, 0.0) if self.left is not None else 0.0
         self.reset_at = max(self.reset_at if math.isfinite(self.reset_at) else now, now + seconds)
+
+
+def _two_digits(seconds: float) -> float:
+    """``seconds`` to two significant digits (at least 1 ms)."""
+    if seconds <= 0.001:
+        return 0.001
+    return float(f"{seconds:.2g}")

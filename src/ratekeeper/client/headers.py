@@ -50,7 +50,9 @@ class Quota:
     ``name`` identifies it within its server and partition (a policy's name, ``requests``,
     ``tokens``); ``unit`` is what it counts (``requests``, ``tokens``, ``content-bytes``, ...);
     ``reset_seconds`` is from the response's arrival; ``partition`` is the server's partition
-    key (IETF ``pk``, base64) when it sent one.
+    key (IETF ``pk``, base64) when it sent one; ``refills``: the quota is a bucket refilled
+    at a steady rate and the reset is when it is full again (OpenAI, Anthropic), not a
+    window's end.
     """
 
     name: str
@@ -60,6 +62,7 @@ class Quota:
     remaining: int | None = None
     reset_seconds: float | None = None
     partition: str | None = None
+    refills: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +182,12 @@ def retry_after(text: str | None, now: float) -> float | None:
 def reset_value(text: str | None, now: float) -> float | None:
     """An ``X-RateLimit-Reset``: epoch seconds (GitHub), epoch milliseconds, or seconds from
     now (told apart by size: ``EPOCH_SECONDS``, ``EPOCH_MS``), as seconds from ``now``."""
-    value = seconds(text) if text is None or len(text) < 32 else None
-    if value is None:
+    if text is None:
         return None
+    text = text.split(",")[0].strip()
+    if not _DECIMAL.fullmatch(text):
+        return None
+    value = float(text)
     if value >= EPOCH_MS:
         return _bounded(max(0.0, value / 1000 - now))
     if value >= EPOCH_SECONDS:
@@ -201,6 +207,7 @@ def _quota(
     remaining: int | None,
     reset: float | None,
     partition: str | None = None,
+    refills: bool = False,
 ) -> Quota | None:
     """A ``Quota`` made consistent (remaining cut to limit; a zero window dropped), or None
     when it says nothing."""
@@ -210,7 +217,7 @@ def _quota(
         window = None
     if limit is None and remaining is None:
         return None
-    return Quota(name, unit, limit, window, remaining, reset, partition)
+    return Quota(name, unit, limit, window, remaining, reset, partition, refills)
 
 
 # --- the families -----------------------------------------------------------------------------
@@ -278,6 +285,7 @@ def _openai(headers: Mapping[str, str], now: float) -> tuple[Quota, ...]:
             None,
             units(headers.get(f"x-ratelimit-remaining-{unit}")),
             duration(headers.get(f"x-ratelimit-reset-{unit}")),
+            refills=True,
         )
         if quota is not None:
             out.append(quota)
@@ -295,6 +303,7 @@ def _anthropic(headers: Mapping[str, str], now: float) -> tuple[Quota, ...]:
             None,
             units(headers.get(f"{prefix}-remaining")),
             instant(headers.get(f"{prefix}-reset"), now),
+            refills=True,
         )
         if quota is not None:
             out.append(quota)
