@@ -31,6 +31,10 @@ from .headers import Observation, Quota, read
 from .request import Asks, Outgoing, Partition, asks, partition_of, whole_server
 from .retry import Retries
 
+PROBE_SECONDS = 0.005
+"""How often a request polls while its server's first answer is awaited (slow start: until a
+partition has been answered once, one request at a time, so a burst of callers learns the
+policy from one answer instead of meeting it as 429s)."""
 YIELD_SECONDS = 0.002
 """How long a request that could go steps aside for a higher-ranked one that is ready."""
 MAX_BUDGETS = 32
@@ -58,12 +62,23 @@ class Ticket:
     charged: list[tuple[Budget, float]] = field(default_factory=list)
     ready_at: float = math.inf
     reason: str = ""
-    waited: float = 0.0
     replays: bool = False
+    booked: bool = False
+    """The latest attempt took its turn in the shared pace (else it is booked once answered)."""
+    sent_to: _Partition | None = None
 
 
 class _Partition:
-    __slots__ = ("blocked_reason", "blocked_until", "budgets", "refusals", "used_at", "waiting")
+    __slots__ = (
+        "answers",
+        "blocked_reason",
+        "blocked_until",
+        "budgets",
+        "in_flight",
+        "refusals",
+        "used_at",
+        "waiting",
+    )
 
     def __init__(self) -> None:
         self.budgets: dict[tuple[str, str | None], Budget] = {}
@@ -72,6 +87,8 @@ class _Partition:
         self.refusals = 0
         self.used_at = 0.0
         self.waiting: dict[int, Ticket] = {}
+        self.answers = 0
+        self.in_flight = 0
 
 
 def _number(name: str, value: object, low: float, high: float) -> float:
@@ -157,6 +174,8 @@ class PacerCore:
                 wait = budget.delay(cost, now, self.headroom, self.burst)
                 if wait > delay:
                     delay, reason = wait, _describe(budget, now)
+            if delay <= 0 and part.answers == 0 and part.in_flight > 0:
+                delay, reason = PROBE_SECONDS, "the server's first answer"
             if delay <= 0:
                 for other in part.waiting.values():
                     if other.rank < ticket.rank and other.ready_at <= now + YIELD_SECONDS:
@@ -187,9 +206,18 @@ class PacerCore:
         for budget, cost in costs:
             budget.take(cost, now, self.headroom)
         ticket.charged = costs
+        part.in_flight += 1
+        ticket.sent_to = part
         self._sent += 1
         ticket.seq = self._sent
         self._stats["sent"] += 1
+
+    def costs(self, ticket: Ticket) -> list[tuple[Budget, float]]:
+        """What the request costs each budget its partition has now."""
+        with self._lock:
+            part = self._parts.get((ticket.request.server, ticket.partition))
+            budgets = [] if part is None else list(part.budgets.values())
+            return [(b, b.cost_of(ticket.asks.tokens, ticket.request.body_bytes)) for b in budgets]
 
     def leave(self, ticket: Ticket) -> None:
         """The request gives up waiting (too long, cancelled): it no longer ranks."""
@@ -226,6 +254,9 @@ class PacerCore:
         for budget, cost in ticket.charged:
             budget.answered(cost)
         ticket.charged = []
+        if ticket.sent_to is not None:
+            ticket.sent_to.in_flight -= 1
+            ticket.sent_to = None
 
     def answered(
         self, ticket: Ticket, status: int, headers: Mapping[str, str], now: float
@@ -236,6 +267,7 @@ class PacerCore:
         with self._lock:
             part = self._part(ticket, now)
             self._release(ticket)
+            part.answers += 1
             self._learn(part, seen, ticket.seq, now)
             refused = status == 429 or (status == 503 and seen.retry_after_seconds is not None)
             if not refused:

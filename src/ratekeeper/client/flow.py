@@ -5,7 +5,8 @@ the sync and async pacers (``pacer.py``) drive the same flow, one with ``sleep(.
 ``send()``, the other with ``await``. The actions:
 
 - ``Sleep(seconds)``: wait (result: None);
-- ``Hit(key, rate, cost, burst)``: a hit of the shared pace (result: the ``Decision``);
+- ``Hit(key, rate, cost, burst)``: book a turn in the shared pace, a GCRA hit (result: the
+  ``Decision``; its ``reset_at`` tells the turn);
 - ``Send()``: send the request, or send it again (result: its ``Answer``). An exception
   raised by the shell (a transport error, a cancellation) is thrown into the flow, which
   gives back the request's charges and lets it go on.
@@ -100,6 +101,8 @@ def request_flow(
             core.count("transport_errors")
             raise
         again = core.answered(ticket, answer.status, answer.headers, clock())
+        if shared is not None and not ticket.booked:
+            yield from _book_late(core, shared, ticket)
         if again is None:
             return
         if again > 0:
@@ -129,7 +132,9 @@ def _pace(
                 break
             yield Sleep(min(delay, MAX_SLEEP))
         if shared is not None:
-            for ask in shared.asks(ticket, core.headroom, core.burst):
+            asks = shared.asks(ticket, ticket.charged, core.headroom, core.burst, core.max_wait)
+            ticket.booked = bool(asks)
+            for ask in asks:
                 if not (yield from _shared_pace(core, clock, ticket, deadline, ask)):
                     if ticket.attempt > 0:  # a retry past max_wait: the refusal is the answer
                         core.release(ticket, sent=False)
@@ -160,6 +165,16 @@ def _past_deadline(
     return True
 
 
+def _book_late(core: PacerCore, shared: Shared, ticket: Ticket) -> Flow:
+    """A request sent before its quotas were known books its units in the shared pace once
+    they are (the first answers of eight processes count against the pace they then keep)."""
+    costs = core.costs(ticket)
+    for ask in shared.asks(ticket, costs, core.headroom, core.burst, core.max_wait):
+        yield Hit(ask.key, ask.rate, ask.cost, ask.queue)
+        core.count("shared_hits")
+    ticket.booked = True
+
+
 def _shared_pace(
     core: PacerCore,
     clock: Callable[[], float],
@@ -167,27 +182,27 @@ def _shared_pace(
     deadline: float,
     ask: SharedAsk,
 ) -> Generator[Action, Any, bool]:
-    """Take the request's cost from the shared pace; False: past ``max_wait``, sent anyway."""
-    units = ask.cost
-    while units > 0:
-        part = min(units, ask.burst)
-        decision = yield Hit(ask.key, ask.rate, part, ask.burst)
-        core.count("shared_hits")
-        if decision.degraded:
-            core.count("shared_degraded")
-        if decision.allowed or decision.degraded:
-            units -= part
-            continue
-        wait = decision.retry_after
-        now = clock()
-        if not math.isfinite(wait) or now + wait > deadline:
-            ticket.reason = f"the shared pace ({ask.rate})"
-            if ticket.attempt == 0 and core.on_max_wait == "raise":
-                core.release(ticket, sent=False)
-            if ticket.attempt == 0:
-                _past_deadline(core, ticket, now, wait, charge=False)
-            return False
-        core.count("shared_waits")
-        ticket.reason = f"the shared pace ({ask.rate})"
-        yield Sleep(wait)
+    """Book the request's turn in the shared pace and wait for it; False: its turn is past
+    ``max_wait`` (raised, or sent anyway)."""
+    decision = yield Hit(ask.key, ask.rate, ask.cost, ask.queue)
+    core.count("shared_hits")
+    now = clock()
+    if decision.degraded:
+        core.count("shared_degraded")
+        return True
+    if decision.allowed:  # the GCRA's arrival time, less this request's and the burst's units
+        wait = decision.reset_at - (ask.cost + ask.burst - 1) * ask.interval - now
+    else:  # the queue is full: later than the longest wait
+        wait = math.inf
+    if wait <= 0:
+        return True
+    ticket.reason = f"its turn in the shared pace ({ask.rate})"
+    if now + wait > deadline:
+        if ticket.attempt == 0 and core.on_max_wait == "raise":
+            core.release(ticket, sent=False)
+        if ticket.attempt == 0:
+            _past_deadline(core, ticket, now, wait, charge=False)
+        return False
+    core.count("shared_waits")
+    yield Sleep(wait)
     return True

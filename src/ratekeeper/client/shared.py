@@ -2,12 +2,15 @@
 
 Each process learns the server's quotas from its own answers; what they must share is the
 *pace*. With ``shared=`` (a ``RedisStore``, ``ShardedRedisStore``, ``RedisClusterStore``, or a
-``LocalBudget`` around one), every request that its local budgets let go also takes its cost
-from a GCRA on the store at ``headroom`` times the quota's rate with the pacer's ``burst``
-(key ``{prefix}{server}|{partition}|{quota}``; ``|{server partition}`` when the server sent
-``pk``), through ratekeeper's own ``Limiter``/``AsyncLimiter``. Eight processes on one API
-key then send like one client: at most ``burst + headroom * limit`` in any window of the
-quota's length, whichever process sends. A refusal is waited out for its ``retry_after``.
+``LocalBudget`` around one), every request that its local budgets let go also books its
+turn in a GCRA on the store at ``headroom`` times the quota's rate (key
+``{prefix}{server}|{partition}|{quota}``; ``|{server partition}`` when the server sent
+``pk``), through ratekeeper's own ``Limiter``/``AsyncLimiter``: one ``hit`` whose burst is
+the queue (``max_wait`` of turns), so it is admitted at once, and whose ``reset_at`` (the
+GCRA's arrival time after it) less its own units is the request's turn; it sleeps until
+then. No polling: each request asks once, and eight processes on one API key send like one
+client, at most ``burst + headroom * limit`` in any window of the quota's length. A turn
+past ``max_wait`` is a wait too long.
 
 Only quotas whose window is known (``RateLimit-Policy``'s ``w``) are shared; the others are
 paced by each process from the server's ``remaining``. The limiter fails open: with the store
@@ -26,8 +29,11 @@ from typing import Any
 from ..errors import ConfigError
 from ..limiter import AsyncLimiter, Limiter
 from ..stores.base import AsyncStore, Store
+from .budget import Budget
 from .core import Ticket
 
+MAX_QUEUE = 10**9
+"""The most units booked ahead on one key."""
 MAX_RATE_PER_SECOND = 1_000_000
 """Quotas faster than this are not shared (ratekeeper's gcra refuses them, and no client
 needs to pace that finely)."""
@@ -35,13 +41,16 @@ needs to pace that finely)."""
 
 @dataclass(frozen=True, slots=True)
 class SharedAsk:
-    """The shared pace's charge for one request: the key, the rate, the units (charged in hits
-    of at most ``burst``) and the burst."""
+    """One request's booking in the shared pace: the key, the rate, the units, the burst
+    (units that may go at once), the queue (the GCRA's burst: how far ahead turns are
+    booked) and the pace's seconds per unit."""
 
     key: str
     rate: str
     cost: int
     burst: int
+    queue: int
+    interval: float
 
 
 class Shared:
@@ -70,10 +79,17 @@ class Shared:
             self._async = AsyncLimiter(self.store, clock=self.clock, count_decisions=False)
         return self._async
 
-    def asks(self, ticket: Ticket, headroom: float, burst: int) -> list[SharedAsk]:
-        """The shared hits a request that its local budgets let go must make."""
+    def asks(
+        self,
+        ticket: Ticket,
+        charged: list[tuple[Budget, float]],
+        headroom: float,
+        burst: int,
+        max_wait: float,
+    ) -> list[SharedAsk]:
+        """The shared bookings of a request charged ``charged`` (budget, cost) locally."""
         out = []
-        for budget, cost in ticket.charged:
+        for budget, cost in charged:
             limit, window = budget.limit, budget.window_seconds
             if not limit or not window or budget.unit == "concurrent-requests" or cost <= 0:
                 continue
@@ -82,9 +98,12 @@ class Shared:
             if count * 1000 / period_ms > MAX_RATE_PER_SECOND:
                 continue
             size = burst if budget.unit == "requests" else max(1, math.ceil(limit * (1 - headroom)))
+            interval = period_ms / 1000 / count
+            units = max(1, math.ceil(cost))
+            queue = min(MAX_QUEUE, math.ceil(max_wait / interval) + max(units, size))
             key = f"{self.prefix}{ticket.request.server}|{ticket.partition}|{budget.name}"
             if budget.server_partition is not None:
                 key += f"|{budget.server_partition}"
-            units = max(1, math.ceil(cost))
-            out.append(SharedAsk(key, f"{count}/{period_ms}ms", units, min(size, count)))
+            rate = f"{count}/{period_ms}ms"
+            out.append(SharedAsk(key, rate, units, min(size, count), queue, interval))
         return out
