@@ -6,11 +6,12 @@ one: what the server says is the truth, the local count only fills the time betw
 - **What is left**: a response's ``remaining`` less every unit still in flight (sent, not yet
   answered; the server may not have counted them yet) becomes ``left``; each request sent
   takes its cost from it. An answer to a request sent before the one last applied is stale
-  and ignored (its ``remaining`` predates a newer count). Servers round the reset up to
-  whole seconds (ratekeeper's ``t``, GitHub's epoch), so each answer is an upper bound of
-  the reset: while ``remaining`` only falls (the same window), the earliest is kept. When
-  ``left`` cannot cover a request, it waits for the reset; at the reset ``left`` is the
-  limit less what is in flight.
+  and ignored (its ``remaining`` predates a newer count), but when it found more left than
+  the newer answer, the server counted it first: it is given back, not taken off twice.
+  Servers round the reset up to whole seconds (ratekeeper's ``t``, GitHub's epoch), so each
+  answer is an upper bound of the reset: while ``remaining`` only falls (the same window),
+  the earliest is kept. When ``left`` cannot cover a request, it waits for the reset; at
+  the reset ``left`` is the limit less what is in flight.
 - **The pace**: when the quota's window is known (``RateLimit-Policy``'s ``w``), requests are
   spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` requests of
   tolerance, so that a fixed window, a token bucket or a GCRA on the server all admit them
@@ -175,9 +176,9 @@ class Budget:
         """A request of ``cost`` has its answer (or failed): it is no longer in flight."""
         self.in_flight = max(0.0, self.in_flight - cost)
 
-    def observe(self, quota: Quota, now: float, seq: int) -> None:
-        """A response to the request sent as number ``seq`` states this quota (its own cost is
-        no longer in flight: ``answered`` first)."""
+    def observe(self, quota: Quota, now: float, seq: int, cost: float = 0.0) -> None:
+        """A response to the request sent as number ``seq`` (of ``cost`` here) states this
+        quota (its own cost is no longer in flight: ``answered`` first)."""
         self.seen_at = now
         if quota.limit is not None:
             self.limit = quota.limit
@@ -185,7 +186,14 @@ class Budget:
             self.window_seconds = quota.window_seconds
         if quota.refills and quota.window_seconds is None:
             self._learn_rate(quota)
-        if quota.remaining is None or seq < self.seen_seq:
+        if quota.remaining is None:
+            return
+        if seq < self.seen_seq:
+            # a stale answer; if it found more left than the newer one, the server counted it
+            # first, so the newer count holds it and it was taken off twice (as in flight)
+            seen = self.seen_remaining
+            if seen is not None and quota.remaining > seen and self.left is not None:
+                self.left += cost
             return
         if quota.reset_seconds is not None:
             reset_at = now + quota.reset_seconds

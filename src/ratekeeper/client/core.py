@@ -63,6 +63,7 @@ class Ticket:
     ready_at: float = math.inf
     reason: str = ""
     replays: bool = False
+    not_before: float = -math.inf
     booked: bool = False
     """The latest attempt took its turn in the shared pace (else it is booked once answered)."""
     sent_to: _Partition | None = None
@@ -167,6 +168,8 @@ class PacerCore:
         with self._lock:
             part = self._part(ticket, now)
             delay, reason = part.blocked_until - now, part.blocked_reason
+            if ticket.not_before - now > delay:
+                delay, reason = ticket.not_before - now, "its retry's turn (Retry-After and jitter)"
             costs = []
             for budget in part.budgets.values():
                 cost = budget.cost_of(ticket.asks.tokens, ticket.request.body_bytes)
@@ -258,23 +261,22 @@ class PacerCore:
             ticket.sent_to.in_flight -= 1
             ticket.sent_to = None
 
-    def answered(
-        self, ticket: Ticket, status: int, headers: Mapping[str, str], now: float
-    ) -> float | None:
-        """Learn from an answer; the seconds to wait (the jitter; the pacing then waits for
-        the refusal's time) before sending the request again, or None: it is final."""
+    def answered(self, ticket: Ticket, status: int, headers: Mapping[str, str], now: float) -> bool:
+        """Learn from an answer; True: send the request again (not before
+        ``ticket.not_before``: the refusal's wait and its jitter), False: it is final."""
         seen = read(headers, now)
         with self._lock:
             part = self._part(ticket, now)
+            costs = {id(budget): cost for budget, cost in ticket.charged}
             self._release(ticket)
             part.answers += 1
-            self._learn(part, seen, ticket.seq, now)
+            self._learn(part, seen, ticket.seq, now, costs)
             refused = status == 429 or (status == 503 and seen.retry_after_seconds is not None)
             if not refused:
                 part.refusals = 0
                 if status < 500:
                     self.retries.budget.succeeded()
-                return None
+                return False
             self._stats["refused"] += 1
             wait = self._refusal_wait(part, seen, now)
             part.blocked_until = max(part.blocked_until, now + wait)
@@ -282,17 +284,20 @@ class PacerCore:
             retries = self.retries
             allowed = retries.budget.refused()
             if status not in retries.statuses or ticket.attempt + 1 >= retries.attempts:
-                return None
+                return False
             if not ticket.replays:
-                return None
+                return False
             if not allowed:
                 self._stats["retries_denied"] += 1
-                return None
+                return False
             ticket.attempt += 1
             self._stats["retries"] += 1
-            return self.random() * retries.jitter * wait
+            ticket.not_before = now + wait * (1 + self.random() * retries.jitter)
+            return True
 
-    def _learn(self, part: _Partition, seen: Observation, seq: int, now: float) -> None:
+    def _learn(
+        self, part: _Partition, seen: Observation, seq: int, now: float, costs: dict[int, float]
+    ) -> None:
         self._stats["answers_with_policy" if seen.quotas else "answers_without_policy"] += 1
         for quota in seen.quotas:
             key = (quota.name, quota.partition)
@@ -301,7 +306,7 @@ class PacerCore:
                 if len(part.budgets) >= MAX_BUDGETS:
                     continue
                 budget = part.budgets[key] = Budget(quota.name, quota.unit, quota.partition)
-            budget.observe(quota, now, seq)
+            budget.observe(quota, now, seq, costs.get(id(budget), 0.0))
         stale = [
             key
             for key, budget in part.budgets.items()

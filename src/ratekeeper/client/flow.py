@@ -103,12 +103,8 @@ def request_flow(
         again = core.answered(ticket, answer.status, answer.headers, clock())
         if shared is not None and not ticket.booked:
             yield from _book_late(core, shared, ticket)
-        if again is None:
+        if not again:
             return
-        if again > 0:
-            if clock() + again > deadline:
-                return
-            yield Sleep(again)
 
 
 def _pace(
