@@ -27,7 +27,7 @@ def _outgoing(request: aiohttp.ClientRequest) -> Outgoing:
     for name in OWN_HEADERS:
         request.headers.popall(name, None)
     body = request.body
-    replayable = isinstance(body, payload.BytesPayload)
+    replayable = body == b"" or isinstance(body, payload.BytesPayload)
     size = body.size if isinstance(body, payload.BytesPayload) else 0
     return outgoing(request.method, str(request.url), pairs, size or 0, replayable)
 
