@@ -126,6 +126,12 @@ def serving(dialect: Dialect, clock: ManualClock) -> Iterator[Served]:
             size = int(self.headers.get("content-length") or 0)
             if size:
                 self.rfile.read(size)
+            elif self.headers.get("transfer-encoding", "").lower() == "chunked":
+                while True:  # a body of unknown length: read it all, or the next request breaks
+                    length = int(self.rfile.readline().split(b";")[0], 16)
+                    self.rfile.read(length + 2)
+                    if length == 0:
+                        break
             headers = {k.lower(): v for k, v in self.headers.items()}
             with lock:
                 status, out = dialect(self.path, headers)

@@ -135,7 +135,8 @@ class PacerCore:
         self._parts: dict[tuple[str, str], _Partition] = {}
         self._opened = 0
         self._sent = 0
-        self._stats = dict.fromkeys(STATS, 0.0)
+        self._stats: dict[str, float] = dict.fromkeys(STATS, 0)
+        self._stats["wait_seconds"] = 0.0
 
     # --- before sending -----------------------------------------------------------------------
 
@@ -235,9 +236,9 @@ class PacerCore:
             if seconds > 0:
                 self._stats["waited"] += 1
                 self._stats["wait_seconds"] += seconds
-            self._stats["waits_logged"] += logged
+            self._stats["waits_logged"] += int(logged)
 
-    def count(self, name: str, amount: float = 1.0) -> None:
+    def count(self, name: str, amount: int = 1) -> None:
         """Add to one of the ``STATS``."""
         with self._lock:
             self._stats[name] += amount
@@ -334,7 +335,7 @@ class PacerCore:
     # --- reading ------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        """The counters (``STATS``): counts, and ``wait_seconds`` in all."""
+        """The counters (``STATS``): whole counts, and ``wait_seconds`` (a float) in all."""
         with self._lock:
             return dict(self._stats)
 
@@ -355,5 +356,11 @@ def _spent(quota: Quota) -> bool:
 
 def _describe(budget: Budget, now: float) -> str:
     left = "?" if budget.left is None else f"{max(budget.left, 0):g}"
-    resets = f", resets in {budget.reset_at - now:.3g} s" if math.isfinite(budget.reset_at) else ""
+    wait = budget.reset_at - now
+    resets = f", resets in {_seconds(wait)} s" if math.isfinite(wait) else ""
     return f"quota {budget.name!r} ({left} {budget.unit} left{resets})"
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a person reads them: ``0.25``, ``12.5``, ``3600``."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"

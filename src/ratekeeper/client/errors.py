@@ -27,6 +27,10 @@ class WaitTooLong(RatekeeperError):
         self.reason = reason
         where = server + (f" [{partition}]" if partition else "")
         super().__init__(
-            f"{where}: the request would wait {wait_seconds:.3g} s for {reason}, more than "
+            f"{where}: the request would wait {_seconds(wait_seconds)} s for {reason}, more than "
             f"max_wait={max_wait:g} s; not sent"
         )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
