@@ -262,3 +262,16 @@ def test_bad_options_are_refused(options: dict[str, object]) -> None:
 
     with pytest.raises(ConfigError):
         Pacer(**options)  # type: ignore[arg-type]
+
+
+def test_a_request_names_its_partition_for_calls_the_url_does_not_tell_apart() -> None:
+    clock = ManualClock(NOW)
+    server = Fake(clock, lambda n, h: (200, ietf(1, 60, 0, 60)))
+    p = pacer(clock, max_wait=1)
+    search = {"Ratekeeper-Partition": "api.search"}
+    call(p, server, "POST", search)
+    call(p, server, "POST", {"Ratekeeper-Partition": "api.core"})  # its own budget
+    with pytest.raises(WaitTooLong):
+        call(p, server, "POST", search)
+    with pytest.raises(ConfigError, match="ratekeeper-partition"):
+        call(p, server, "POST", {"Ratekeeper-Partition": "x" * 300})

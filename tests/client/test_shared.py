@@ -101,3 +101,26 @@ def test_an_unreachable_store_fails_open_to_the_local_pace() -> None:
     assert p.stats()["shared_degraded"] >= 10
     gaps = [b - a for a, b in zip(server.sent[2:], server.sent[3:], strict=False)]
     assert all(math.isclose(g, 1 / 9, rel_tol=1e-3) or g > 1 / 9 for g in gaps)
+
+
+def test_a_request_may_wait_for_a_turn_beyond_the_pacers_max_wait(redis_url: str) -> None:
+    # regression: the queue was sized by the pacer's max_wait, so a request allowed to wait
+    # longer (Ratekeeper-Max-Wait) found it full and was refused at once
+    clock = ManualClock(NOW)
+    server = _server(clock, "10/1s")
+    store = RedisStore(redis_url, socket_timeout=5.0)
+    first = pacer(clock, shared=store, headroom=1.0, max_wait=1)
+    call(first, server)  # learns 10/1s
+    booked = Limiter(store, clock=clock)
+    (ask,) = first.shared.asks(
+        first.core.open(outgoing("GET", URL, [])),
+        [(b, 1.0) for part in first.core._parts.values() for b in part.budgets.values()],
+        1.0,
+        1,
+    )  # type: ignore[union-attr]
+    for _ in range(30):  # thirty turns booked by other processes: three seconds ahead
+        booked.hit(ask.key, ask.rate, algorithm="gcra", cost=1, burst=ask.queue)
+    began = clock()
+    call(first, server, headers={"Ratekeeper-Max-Wait": "10"})
+    assert 2.9 <= clock() - began <= 3.2
+    store.close()

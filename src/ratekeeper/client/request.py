@@ -9,11 +9,13 @@ hashed: no secret reaches a log or a store key). A partition function that raise
 something that is not a string, is a ``ConfigError`` for that request: loud, never a request
 paced under the wrong budget.
 
-A request says what it expects to cost and how urgent it is in three request headers, which
-the drop-ins take off before sending: ``Ratekeeper-Tokens`` (the tokens it expects to use,
+A request says what it expects to cost and how urgent it is in request headers, which the
+drop-ins take off before sending: ``Ratekeeper-Tokens`` (the tokens it expects to use,
 charged to every token quota, corrected by the response), ``Ratekeeper-Priority`` (an
-integer, higher goes first, default 0) and ``Ratekeeper-Max-Wait`` (seconds, this request's
-own ``max_wait``).
+integer, higher goes first, default 0), ``Ratekeeper-Max-Wait`` (seconds, this request's
+own ``max_wait``) and ``Ratekeeper-Partition`` (a name added to the partition: for a server
+that limits calls the URL does not tell apart, such as ratekeeper's service, whose policy is
+in the body).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from ..errors import ConfigError
 TOKENS = "ratekeeper-tokens"
 PRIORITY = "ratekeeper-priority"
 MAX_WAIT = "ratekeeper-max-wait"
-OWN_HEADERS = frozenset({TOKENS, PRIORITY, MAX_WAIT})
+PARTITION = "ratekeeper-partition"
+OWN_HEADERS = frozenset({TOKENS, PRIORITY, MAX_WAIT, PARTITION})
 """The request headers the drop-ins read and remove before sending."""
 
 
@@ -131,7 +134,8 @@ def by_header(name: str) -> Partition:
 
 
 def partition_of(function: Partition, request: Outgoing) -> str:
-    """``function(request)``, checked: a string of at most 256 characters, or a ConfigError."""
+    """``function(request)``, checked: a string of at most 256 characters, or a ConfigError;
+    with the request's ``Ratekeeper-Partition`` appended (``|name``)."""
     try:
         value = function(request)
     except Exception as exc:
@@ -141,4 +145,11 @@ def partition_of(function: Partition, request: Outgoing) -> str:
             f"the partition function {function!r} returned {value!r}; expected a string of "
             "at most 256 characters"
         )
-    return value
+    named = request.headers.get(PARTITION)
+    if named is None:
+        return value
+    if not 0 < len(named) <= 256 or not named.isprintable():
+        raise ConfigError(
+            f"{PARTITION}: {named[:300]!r} is invalid; expected 1 to 256 printable characters"
+        )
+    return f"{value}|{named}"

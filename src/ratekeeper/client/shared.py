@@ -6,7 +6,7 @@ Each process learns the server's quotas from its own answers; what they must sha
 turn in a GCRA on the store at ``headroom`` times the quota's rate (key
 ``{prefix}{server}|{partition}|{quota}``; ``|{server partition}`` when the server sent
 ``pk``), through ratekeeper's own ``Limiter``/``AsyncLimiter``: one ``hit`` whose burst is
-the queue (``max_wait`` of turns), so it is admitted at once, and whose ``reset_at`` (the
+the queue (a day of turns), so it is admitted at once, and whose ``reset_at`` (the
 GCRA's arrival time after it) less its own units is the request's turn; it sleeps until
 then. No polling: each request asks once, and eight processes on one API key send like one
 client, at most ``burst + headroom * limit`` in any window of the quota's length. A turn
@@ -32,6 +32,9 @@ from ..stores.base import AsyncStore, Store
 from .budget import Budget
 from .core import Ticket
 
+QUEUE_SECONDS = 86400
+"""How far ahead turns may be booked (the GCRA's burst; it does not let more through at once:
+turns are spaced by the pace whatever it is). Each request's own ``max_wait`` decides."""
 MAX_QUEUE = 10**9
 """The most units booked ahead on one key."""
 MAX_RATE_PER_SECOND = 1_000_000
@@ -85,7 +88,6 @@ class Shared:
         charged: list[tuple[Budget, float]],
         headroom: float,
         burst: int,
-        max_wait: float,
     ) -> list[SharedAsk]:
         """The shared bookings of a request charged ``charged`` (budget, cost) locally."""
         out = []
@@ -100,7 +102,7 @@ class Shared:
             size = burst if budget.unit == "requests" else max(1, math.ceil(limit * (1 - headroom)))
             interval = period_ms / 1000 / count
             units = max(1, math.ceil(cost))
-            queue = min(MAX_QUEUE, math.ceil(max_wait / interval) + max(units, size))
+            queue = min(MAX_QUEUE, math.ceil(QUEUE_SECONDS / interval) + max(units, size))
             key = f"{self.prefix}{ticket.request.server}|{ticket.partition}|{budget.name}"
             if budget.server_partition is not None:
                 key += f"|{budget.server_partition}"
