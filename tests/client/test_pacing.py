@@ -275,3 +275,17 @@ def test_a_request_names_its_partition_for_calls_the_url_does_not_tell_apart() -
         call(p, server, "POST", search)
     with pytest.raises(ConfigError, match="ratekeeper-partition"):
         call(p, server, "POST", {"Ratekeeper-Partition": "x" * 300})
+
+
+def test_a_refilling_rate_is_learned_from_the_finest_answer() -> None:
+    from ratekeeper.client.budget import Budget
+    from ratekeeper.client.headers import Quota
+
+    budget = Budget("tokens", "tokens", None)
+    # 150000 a minute: 4000 missing is 1.6 s to full; 16 missing, 6.4 ms, rounded to 6 ms
+    budget.observe(Quota("tokens", "tokens", 150000, None, 146000, 1.6, refills=True), NOW, 1)
+    budget.observe(Quota("tokens", "tokens", 150000, None, 149984, 0.006, refills=True), NOW, 2)
+    assert budget.window_seconds == 60.0
+    # a new limit is learned anew, whatever its reset
+    budget.observe(Quota("tokens", "tokens", 75000, None, 74000, 0.64, refills=True), NOW, 3)
+    assert budget.window_seconds == 48.0

@@ -61,6 +61,7 @@ class Budget:
         "left",
         "limit",
         "name",
+        "rate_basis",
         "refill_per_second",
         "reset_at",
         "seen_at",
@@ -90,6 +91,8 @@ class Budget:
         self.refill_per_second: float | None = None
         """A refilling quota's rate, learned from its answers (None: a window's quota)."""
         self.accrued_at = -math.inf
+        self.rate_basis = (0.0, 0)
+        """The reset (seconds) and limit the learned rate was computed from."""
 
     def cost_of(self, tokens: int, body_bytes: int) -> float:
         """What a request costs this quota: 1 request, its declared tokens or its body's
@@ -214,21 +217,20 @@ class Budget:
 
     def _learn_rate(self, quota: Quota) -> None:
         """A refilling quota's rate from one answer: the units missing over the seconds until
-        full (OpenAI's resets are exact to the millisecond); its window, limit / rate, to two
+        full (OpenAI's resets are rounded to the millisecond, so the answer with the longest
+        reset gives the finest estimate and is kept); its window, limit / rate, to two
         significant digits (60 s, not 59.97: the shared pace is keyed by it)."""
         limit, remaining, reset = quota.limit, quota.remaining, quota.reset_seconds
         if limit is None or remaining is None or reset is None or reset <= 0:
             return
         if remaining >= limit:
             return
+        if reset < self.rate_basis[0] and limit == self.rate_basis[1]:
+            return  # a shorter reset is rounded more coarsely: keep the finer estimate
         window = _two_digits(limit * reset / (limit - remaining))
         self.refill_per_second = limit / window
         self.window_seconds = window
-
-    def exhaust(self, now: float, seconds: float) -> None:
-        """A refusal (429) that named this quota: nothing is left for ``seconds``."""
-        self.left = min(self.left, 0.0) if self.left is not None else 0.0
-        self.reset_at = max(self.reset_at if math.isfinite(self.reset_at) else now, now + seconds)
+        self.rate_basis = (reset, limit)
 
 
 def _two_digits(seconds: float) -> float:
