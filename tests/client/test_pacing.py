@@ -289,3 +289,21 @@ def test_a_refilling_rate_is_learned_from_the_finest_answer() -> None:
     # a new limit is learned anew, whatever its reset
     budget.observe(Quota("tokens", "tokens", 75000, None, 74000, 0.64, refills=True), NOW, 3)
     assert budget.window_seconds == 48.0
+
+
+def test_a_shared_window_counts_every_process_sends_since_the_answer() -> None:
+    from ratekeeper.client.budget import Budget
+    from ratekeeper.client.headers import Quota
+
+    seen = Quota("p", "requests", 100, 1.0, 5, 1.0)
+    alone, pooled = Budget("p", "requests", None), Budget("p", "requests", None, pooled=0.97)
+    for budget in (alone, pooled):
+        budget.observe(seen, NOW + 0.01, 1, 1.0, sent_at=NOW)
+    # 5 left when the request was sent; 50 ms later the other processes may have sent 4.85
+    later = NOW + 0.05
+    assert alone.delay(1, later, 0.97, 1) == 0
+    assert pooled.delay(1, later, 0.97, 1) == pytest.approx(NOW + 1.01 - later)
+    # its own sends are in that rate: taking one changes nothing
+    left = pooled.left_now(later)
+    pooled.take(1, later, 0.97)
+    assert pooled.left_now(later) == left

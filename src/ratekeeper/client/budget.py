@@ -20,6 +20,10 @@ one: what the server says is the truth, the local count only fills the time betw
 - **Refilling quotas** (OpenAI's and Anthropic's: the reset is when the bucket is full
   again): the rate is learned from an answer (``(limit - remaining) / reset``), what is left
   grows at that rate, and the pace keeps ``headroom`` of it.
+- **Shared with other processes** (``shared=``, a window's quota): no process sees the
+  others' sends, so what is left is the last answer's ``remaining`` less the shared pace's
+  rate since the answered request was sent (the most all processes can have sent since);
+  it stops every process near a window the server says is fuller than the pace implies.
 - **Tokens**: a budget whose unit is not ``requests`` is charged the request's declared cost
   (``tokens``); the server's next ``remaining`` corrects the estimate.
 
@@ -57,10 +61,12 @@ class Budget:
 
     __slots__ = (
         "accrued_at",
+        "decay_from",
         "in_flight",
         "left",
         "limit",
         "name",
+        "pooled",
         "rate_basis",
         "refill_per_second",
         "reset_at",
@@ -73,8 +79,13 @@ class Budget:
         "window_seconds",
     )
 
-    def __init__(self, name: str, unit: str, server_partition: str | None) -> None:
+    def __init__(
+        self, name: str, unit: str, server_partition: str | None, pooled: float | None = None
+    ) -> None:
         self.name = name
+        self.pooled = pooled
+        """The headroom of a pace shared with other processes (None: this process alone)."""
+        self.decay_from = -math.inf
         self.unit = unit
         self.server_partition = server_partition
         self.limit: int | None = None
@@ -115,6 +126,23 @@ class Budget:
             return max(0.0, self.reset_at - now) / self.left
         return None
 
+    def _decay(self) -> float | None:
+        """Units a second that all processes sharing the pace may send (a window's quota with
+        ``shared=``): what is left is then the last answer's ``remaining`` less that rate
+        since the answered request was sent, as no process knows the others' sends."""
+        if self.pooled is None or self.refill_per_second is not None:
+            return None
+        if not self.limit or not self.window_seconds or self.unit == "concurrent-requests":
+            return None
+        return self.pooled * self.limit / self.window_seconds
+
+    def left_now(self, now: float) -> float | None:
+        """What is left at ``now`` (see ``_decay``), or None: not known."""
+        decay = self._decay()
+        if self.left is None or decay is None:
+            return self.left
+        return self.left - decay * max(0.0, now - self.decay_from)
+
     def roll(self, now: float) -> None:
         """A refilling quota gains its rate's units since the last look (up to the limit);
         a window's quota, past its reset, has the limit less what is in flight (unknown
@@ -132,7 +160,10 @@ class Budget:
         if self.limit is None:
             self.left, self.reset_at = None, math.inf
             return
-        self.left = self.limit - self.in_flight
+        if self._decay() is not None:
+            self.left, self.decay_from = float(self.limit), self.reset_at
+        else:
+            self.left = self.limit - self.in_flight
         step = self.window_seconds
         self.reset_at = self.reset_at + step if step else math.inf
         if self.reset_at <= now:
@@ -145,12 +176,13 @@ class Budget:
             if self.limit is not None and self.in_flight + 1 > self.limit:
                 return PROBE_SECONDS / 10  # a slot frees when an answer comes
             return 0.0
-        if self.left is not None:
+        left = self.left_now(now)
+        if left is not None:
             need = min(cost, self.limit) if self.limit is not None else cost
-            if self.left < need or self.left <= 0:
+            if left < need or left <= 0:
                 rate = self.refill_per_second
                 if rate:
-                    return max((max(need, 1e-9) - self.left) / rate, 1e-3)
+                    return max((max(need, 1e-9) - left) / rate, 1e-3)
                 if math.isfinite(self.reset_at):
                     return max(self.reset_at - now, 1e-3)
                 return PROBE_SECONDS
@@ -162,7 +194,7 @@ class Budget:
 
     def take(self, cost: float, now: float, headroom: float) -> None:
         """A request of ``cost`` is sent now."""
-        if self.left is not None:
+        if self.left is not None and self._decay() is None:
             self.left -= cost
         step = self.interval(headroom, now)
         if step is not None:
@@ -172,16 +204,19 @@ class Budget:
     def untake(self, cost: float) -> None:
         """A request of ``cost`` that was taken is not sent after all (still in flight until
         ``answered``)."""
-        if self.left is not None:
+        if self.left is not None and self._decay() is None:
             self.left += cost
 
     def answered(self, cost: float) -> None:
         """A request of ``cost`` has its answer (or failed): it is no longer in flight."""
         self.in_flight = max(0.0, self.in_flight - cost)
 
-    def observe(self, quota: Quota, now: float, seq: int, cost: float = 0.0) -> None:
-        """A response to the request sent as number ``seq`` (of ``cost`` here) states this
-        quota (its own cost is no longer in flight: ``answered`` first)."""
+    def observe(
+        self, quota: Quota, now: float, seq: int, cost: float = 0.0, sent_at: float | None = None
+    ) -> None:
+        """A response to the request sent as number ``seq`` (of ``cost`` here, at
+        ``sent_at``) states this quota (its own cost is no longer in flight: ``answered``
+        first)."""
         self.seen_at = now
         if quota.limit is not None:
             self.limit = quota.limit
@@ -195,7 +230,8 @@ class Budget:
             # a stale answer; if it found more left than the newer one, the server counted it
             # first, so the newer count holds it and it was taken off twice (as in flight)
             seen = self.seen_remaining
-            if seen is not None and quota.remaining > seen and self.left is not None:
+            counted = seen is not None and quota.remaining > seen
+            if counted and self.left is not None and self._decay() is None:
                 self.left += cost
             return
         if quota.reset_seconds is not None:
@@ -209,7 +245,11 @@ class Budget:
             and now < self.reset_at < reset_at
         ):
             reset_at = self.reset_at  # the same window: the earliest of its upper bounds
-        self.left = quota.remaining - self.in_flight
+        if self._decay() is not None:
+            self.left = float(quota.remaining)
+            self.decay_from = now if sent_at is None else sent_at
+        else:
+            self.left = quota.remaining - self.in_flight
         self.reset_at = reset_at
         self.seen_seq = seq
         self.seen_remaining = quota.remaining

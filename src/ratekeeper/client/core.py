@@ -64,6 +64,7 @@ class Ticket:
     reason: str = ""
     replays: bool = False
     not_before: float = -math.inf
+    sent_at: float = -math.inf
     booked: bool = False
     """The latest attempt took its turn in the shared pace (else it is booked once answered)."""
     sent_to: _Partition | None = None
@@ -131,6 +132,8 @@ class PacerCore:
         self.random = random
         self.max_partitions = int(_number("max_partitions", max_partitions, 1, 10**7))
         self.forget_seconds = _number("forget_seconds", forget_seconds, 1, 10**7)
+        self.pooled = False
+        """Budgets are shared with other processes (set by the pacer with ``shared=``)."""
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, str], _Partition] = {}
         self._opened = 0
@@ -210,6 +213,7 @@ class PacerCore:
         for budget, cost in costs:
             budget.take(cost, now, self.headroom)
         ticket.charged = costs
+        ticket.sent_at = now
         part.in_flight += 1
         ticket.sent_to = part
         self._sent += 1
@@ -271,7 +275,7 @@ class PacerCore:
             costs = {id(budget): cost for budget, cost in ticket.charged}
             self._release(ticket)
             part.answers += 1
-            self._learn(part, seen, ticket.seq, now, costs)
+            self._learn(part, seen, ticket.seq, now, costs, ticket.sent_at)
             refused = status == 429 or (status == 503 and seen.retry_after_seconds is not None)
             if not refused:
                 part.refusals = 0
@@ -297,7 +301,13 @@ class PacerCore:
             return True
 
     def _learn(
-        self, part: _Partition, seen: Observation, seq: int, now: float, costs: dict[int, float]
+        self,
+        part: _Partition,
+        seen: Observation,
+        seq: int,
+        now: float,
+        costs: dict[int, float],
+        sent_at: float,
     ) -> None:
         self._stats["answers_with_policy" if seen.quotas else "answers_without_policy"] += 1
         for quota in seen.quotas:
@@ -306,8 +316,10 @@ class PacerCore:
             if budget is None:
                 if len(part.budgets) >= MAX_BUDGETS:
                     continue
-                budget = part.budgets[key] = Budget(quota.name, quota.unit, quota.partition)
-            budget.observe(quota, now, seq, costs.get(id(budget), 0.0))
+                pooled = self.headroom if self.pooled else None
+                budget = Budget(quota.name, quota.unit, quota.partition, pooled)
+                part.budgets[key] = budget
+            budget.observe(quota, now, seq, costs.get(id(budget), 0.0), sent_at)
         stale = [
             key
             for key, budget in part.budgets.items()
@@ -355,7 +367,8 @@ def _spent(quota: Quota) -> bool:
 
 
 def _describe(budget: Budget, now: float) -> str:
-    left = "?" if budget.left is None else f"{max(budget.left, 0):g}"
+    left_now = budget.left_now(now)
+    left = "?" if left_now is None else f"{max(left_now, 0):.0f}"
     wait = budget.reset_at - now
     resets = f", resets in {_seconds(wait)} s" if math.isfinite(wait) else ""
     return f"quota {budget.name!r} ({left} {budget.unit} left{resets})"

@@ -66,6 +66,7 @@ class _PacerBase:
         self.clock = clock
         self.log_wait_seconds = float(log_wait_seconds)
         self.shared = None if shared is None else Shared(shared, shared_prefix, clock)
+        self.core.pooled = self.shared is not None
 
     def stats(self) -> dict[str, float]:
         """The counters: requests, sent, waited, wait_seconds, refused, retries, ... (the
