@@ -47,7 +47,7 @@ def _go_duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
-def ietf(clock: ManualClock, rate: str, algorithm: str = "fixed_window") -> Dialect:
+def ietf(clock: Callable[[], float], rate: str, algorithm: str = "fixed_window") -> Dialect:
     limiter = Limiter(MemoryStore(), clock=clock)
 
     def answer(path: str, headers: dict[str, str]) -> Reply:
@@ -114,7 +114,7 @@ def retry_after(clock: ManualClock, limit: int, window: int) -> Dialect:
 
 
 @contextmanager
-def serving(dialect: Dialect, clock: ManualClock) -> Iterator[Served]:
+def serving(dialect: Dialect, clock: Callable[[], float]) -> Iterator[Served]:
     """A threaded HTTP/1.1 server on a free loopback port answering with ``dialect``."""
     lock = threading.Lock()
     served: Served
