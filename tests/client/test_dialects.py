@@ -41,20 +41,24 @@ def test_ratekeeper_headers_no_429_after_the_first_answer(algorithm: str) -> Non
     assert pacer.stats()["refused"] == 0
 
 
-def test_github_no_429_after_the_first_answer_and_the_hour_is_spread() -> None:
+@pytest.mark.parametrize("burst", [None, 1])
+def test_github_no_429_and_burst_1_spreads_the_hour(burst: int | None) -> None:
     clock = ManualClock(1_700_000_000.0)
     with servers.serving(servers.github(clock, limit=20, window=60), clock) as served:
-        client, pacer = _client(clock)
+        client, pacer = _client(clock, burst=burst, max_wait=120)
         times = []
         with client:
             for _ in range(70):
                 assert client.get(served.url + "/repos/x").status_code == 200
                 times.append(clock())
     assert 429 not in served.statuses()
-    # without a stated window the remaining budget is spread until the reset: no burst of 20
     first_window = [t for t in times if t < 1_700_000_060.0]
     assert len(first_window) <= 20
     assert times[-1] - times[0] < 4 * 60  # 70 requests at 20 a minute: within four windows
+    if burst is None:  # what is left goes at once, then the reset is waited for
+        assert first_window == [1_700_000_000.0] * 20
+    else:  # without a stated window, what is left is spread until the reset
+        assert first_window[10] - first_window[0] > 20
     (policy,) = pacer.policies()
     assert (policy.name, policy.limit) == ("core", 20)
 

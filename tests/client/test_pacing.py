@@ -120,7 +120,7 @@ def test_higher_priority_goes_first() -> None:
 def test_the_pace_spreads_a_window_over_its_length() -> None:
     clock = ManualClock(NOW)
     server = Fake(clock, lambda n, h: (200, ietf(10, 1, 9, 1)))
-    p = pacer(clock, headroom=0.9)
+    p = pacer(clock, headroom=0.9, burst=1)
     for _ in range(10):
         call(p, server)
     gaps = [b - a for a, b in zip(server.sent[1:], server.sent[2:], strict=False)]

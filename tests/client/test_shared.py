@@ -94,7 +94,7 @@ def test_an_unreachable_store_fails_open_to_the_local_pace() -> None:
     clock = ManualClock(NOW)
     server = _server(clock)
     store = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
-    p = pacer(clock, shared=store, headroom=0.9)
+    p = pacer(clock, shared=store, headroom=0.9, burst=1)
     for _ in range(12):
         call(p, server)
     store.close()

@@ -13,10 +13,13 @@ one: what the server says is the truth, the local count only fills the time betw
   the earliest is kept. When ``left`` cannot cover a request, it waits for the reset; at
   the reset ``left`` is the limit less what is in flight.
 - **The pace**: when the quota's window is known (``RateLimit-Policy``'s ``w``), requests are
-  spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` requests of
-  tolerance, so that a fixed window, a token bucket or a GCRA on the server all admit them
-  (in any window of ``w`` seconds it sends at most ``burst + headroom * limit``). Without a
-  window, what is left is spread evenly until the reset.
+  spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` units of tolerance
+  (by default the limit: in one process what is left may go at once, and what is left is
+  what holds it back; ``burst=1`` spaces requests evenly: in any window of ``w`` seconds
+  at most ``1 + headroom * limit``, which a fixed window, a token bucket and a GCRA all
+  admit). Without a window, what is left is spread until the reset, ``burst`` at once.
+  Token quotas are always spaced (a request's tokens are an estimate: the spacing leaves
+  room for one that uses more).
 - **Refilling quotas** (OpenAI's and Anthropic's: the reset is when the bucket is full
   again): the rate is learned from an answer (``(limit - remaining) / reset``), what is left
   grows at that rate, and the pace keeps ``headroom`` of it.
@@ -164,12 +167,14 @@ class Budget:
             self.left, self.decay_from = float(self.limit), self.reset_at
         else:
             self.left = self.limit - self.in_flight
+        if not self.window_seconds:
+            self.tat = -math.inf  # a spread is over its window: the next starts afresh
         step = self.window_seconds
         self.reset_at = self.reset_at + step if step else math.inf
         if self.reset_at <= now:
             self.reset_at = now + step if step else math.inf
 
-    def delay(self, cost: float, now: float, headroom: float, burst: int) -> float:
+    def delay(self, cost: float, now: float, headroom: float, burst: int | None) -> float:
         """Seconds until a request of ``cost`` may be sent (0: now; ``math.inf``: unknown)."""
         self.roll(now)
         if self.unit == "concurrent-requests":
@@ -189,7 +194,12 @@ class Budget:
         step = self.interval(headroom, now)
         if step is None:
             return 0.0
-        allowance = (max(burst, cost) if self.unit == "requests" else max(cost, 1.0)) * step
+        if self.unit != "requests":  # estimates: spaced, so a request using more has room
+            allowance = max(cost, 1.0) * step
+        elif burst is None:  # the whole limit may go at once; what is left holds it back
+            allowance = max(float(self.limit or 1), cost) * step
+        else:
+            allowance = max(burst, cost) * step
         return max(0.0, max(self.tat, now) + cost * step - allowance - now)
 
     def take(self, cost: float, now: float, headroom: float) -> None:
@@ -250,6 +260,9 @@ class Budget:
             self.decay_from = now if sent_at is None else sent_at
         else:
             self.left = quota.remaining - self.in_flight
+        new_window = self.seen_remaining is not None and quota.remaining > self.seen_remaining
+        if new_window and not self.window_seconds:
+            self.tat = -math.inf  # a spread is over its window: the next starts afresh
         self.reset_at = reset_at
         self.seen_seq = seq
         self.seen_remaining = quota.remaining

@@ -106,7 +106,7 @@ class PacerCore:
         self,
         *,
         headroom: float = 0.97,
-        burst: int = 1,
+        burst: int | None = None,
         max_wait: float = 60.0,
         on_max_wait: str = "raise",
         partition: Partition = whole_server,
@@ -116,9 +116,15 @@ class PacerCore:
         forget_seconds: float = 600.0,
     ) -> None:
         self.headroom = _number("headroom", headroom, 0.05, 1.0)
-        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= 10**6:
-            raise ConfigError(f"burst={burst!r} is invalid; expected a whole number >= 1")
+        if burst is not None and (
+            isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= 10**6
+        ):
+            raise ConfigError(f"burst={burst!r} is invalid; expected None or a whole number >= 1")
         self.burst = burst
+        """Units sent at once under a quota's pace in this process (None: the quota's limit,
+        so what the server says is left may go at once)."""
+        self.shared_burst = 1 if burst is None else burst
+        """... and under the pace shared with other processes (None: 1, evenly spaced)."""
         self.max_wait = _number("max_wait", max_wait, 0, 86400)
         if on_max_wait not in ("raise", "send"):
             raise ConfigError(f"on_max_wait={on_max_wait!r} is invalid; expected 'raise' or 'send'")

@@ -128,7 +128,7 @@ def _pace(
                 break
             yield Sleep(min(delay, MAX_SLEEP))
         if shared is not None:
-            asks = shared.asks(ticket, ticket.charged, core.headroom, core.burst)
+            asks = shared.asks(ticket, ticket.charged, core.headroom, core.shared_burst)
             ticket.booked = bool(asks)
             for ask in asks:
                 if not (yield from _shared_pace(core, clock, ticket, deadline, ask)):
@@ -165,7 +165,7 @@ def _book_late(core: PacerCore, shared: Shared, ticket: Ticket) -> Flow:
     """A request sent before its quotas were known books its units in the shared pace once
     they are (the first answers of eight processes count against the pace they then keep)."""
     costs = core.costs(ticket)
-    for ask in shared.asks(ticket, costs, core.headroom, core.burst):
+    for ask in shared.asks(ticket, costs, core.headroom, core.shared_burst):
         yield Hit(ask.key, ask.rate, ask.cost, ask.queue)
         core.count("shared_hits")
     ticket.booked = True

@@ -35,7 +35,7 @@ class _PacerBase:
         self,
         *,
         headroom: float = 0.97,
-        burst: int = 1,
+        burst: int | None = None,
         max_wait: float = 60.0,
         on_max_wait: str = "raise",
         partition: Partition = whole_server,
