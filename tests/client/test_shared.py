@@ -6,7 +6,7 @@ import asyncio
 import math
 
 from ratekeeper import Limiter, ManualClock, MemoryStore, RedisStore
-from ratekeeper.client import Answer, AsyncPacer, outgoing
+from ratekeeper.client import Answer, AsyncPacer, Pacer, outgoing
 from tests.client.fake import URL, Fake, call, pacer
 
 NOW = 1_700_000_000.0
@@ -123,4 +123,15 @@ def test_a_request_may_wait_for_a_turn_beyond_the_pacers_max_wait(redis_url: str
     began = clock()
     call(first, server, headers={"Ratekeeper-Max-Wait": "10"})
     assert 2.9 <= clock() - began <= 3.2
+    store.close()
+
+
+def test_local_leases_are_refused_with_the_reason(redis_url: str) -> None:
+    import pytest
+
+    from ratekeeper import ConfigError, LocalBudget
+
+    store = RedisStore(redis_url, socket_timeout=5.0)
+    with pytest.raises(ConfigError, match="turn"):
+        Pacer(shared=LocalBudget(store))
     store.close()

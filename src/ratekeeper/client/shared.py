@@ -1,8 +1,8 @@
 """One pace across processes: the learned quotas' pace kept on a shared ratekeeper store.
 
 Each process learns the server's quotas from its own answers; what they must share is the
-*pace*. With ``shared=`` (a ``RedisStore``, ``ShardedRedisStore``, ``RedisClusterStore``, or a
-``LocalBudget`` around one), every request that its local budgets let go also books its
+*pace*. With ``shared=`` (a ``RedisStore``, ``ShardedRedisStore`` or ``RedisClusterStore``), every
+request that its local budgets let go also books its
 turn in a GCRA on the store at ``headroom`` times the quota's rate (key
 ``{prefix}{server}|{partition}|{quota}``; ``|{server partition}`` when the server sent
 ``pk``), through ratekeeper's own ``Limiter``/``AsyncLimiter``: one ``hit`` whose burst is
@@ -15,9 +15,9 @@ past ``max_wait`` is a wait too long.
 Only quotas whose window is known (``RateLimit-Policy``'s ``w``) are shared; the others are
 paced by each process from the server's ``remaining``. The limiter fails open: with the store
 unreachable each process paces alone at the full rate (counted in ``shared_degraded``), and
-the server's ``remaining`` still holds every process back once the quota runs low. A
-``LocalBudget`` pays where one process sends many requests per ``horizon`` (thousands a
-second); at tens or hundreds a second a plain store costs one round trip per request.
+the server's ``remaining`` still holds every process back once the quota runs low. Each
+request costs one round trip to the store. Local leases (``LocalBudget``) do not fit: a turn is the arrival time the store holds after
+the request's hit, which a slice spent in process does not know, so they are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..limiter import AsyncLimiter, Limiter
 from ..stores.base import AsyncStore, Store
+from ..stores.local_budget import LocalBudget
 from .budget import Budget
 from .core import Ticket
 
@@ -62,6 +63,13 @@ class Shared:
     def __init__(self, store: Any, prefix: str, clock: Any) -> None:
         if not isinstance(store, Store):
             raise ConfigError(f"shared={store!r} is invalid; expected a ratekeeper store")
+        if isinstance(store, LocalBudget):
+            raise ConfigError(
+                "shared=LocalBudget(...) cannot keep the pace: a request's turn is the arrival "
+                "time the store holds after its hit, which a slice spent in process does not "
+                "know; pass the store it wraps (RedisStore, ShardedRedisStore, "
+                "RedisClusterStore)"
+            )
         if not isinstance(prefix, str) or len(prefix) > 128:
             raise ConfigError(f"shared_prefix={prefix!r} is invalid; expected a short string")
         self.store = store
