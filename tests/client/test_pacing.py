@@ -307,3 +307,20 @@ def test_a_shared_window_counts_every_process_sends_since_the_answer() -> None:
     left = pooled.left_now(later)
     pooled.take(1, later, 0.97)
     assert pooled.left_now(later) == left
+
+
+def test_past_a_reset_one_request_goes_alone_until_an_answer_confirms_it() -> None:
+    # regression: a token bucket's reset is when it would be full had nothing been sent; the
+    # budget took the limit as left at the earliest reset and let concurrent callers burst
+    from ratekeeper.client.budget import Budget
+    from ratekeeper.client.headers import Quota
+
+    budget = Budget("p", "requests", None)
+    budget.observe(Quota("p", "requests", 20, 1.0, 0, 1.0), NOW, 1)
+    later = NOW + 1.0
+    assert budget.delay(1, later, 0.97, None) == 0
+    budget.take(1, later, 0.97)
+    assert budget.delay(1, later, 0.97, None) > 0  # the first past the reset is in flight
+    budget.answered(1)
+    budget.observe(Quota("p", "requests", 20, 1.0, 2, 1.0), later, 2)
+    assert budget.delay(1, later, 0.97, None) == 0  # confirmed: 2 left

@@ -11,7 +11,8 @@ one: what the server says is the truth, the local count only fills the time betw
   Servers round the reset up to whole seconds (ratekeeper's ``t``, GitHub's epoch), so each
   answer is an upper bound of the reset: while ``remaining`` only falls (the same window),
   the earliest is kept. When ``left`` cannot cover a request, it waits for the reset; at
-  the reset ``left`` is the limit less what is in flight.
+  the reset ``left`` is the limit less what is in flight, but one request goes alone until
+  its answer confirms it (a bucket's reset is when it would be full had nothing been sent).
 - **The pace**: when the quota's window is known (``RateLimit-Policy``'s ``w``), requests are
   spaced by a GCRA at ``headroom`` times the quota's rate with ``burst`` units of tolerance
   (by default the limit: in one process what is left may go at once, and what is left is
@@ -78,6 +79,7 @@ class Budget:
         "seen_seq",
         "server_partition",
         "tat",
+        "unconfirmed",
         "unit",
         "window_seconds",
     )
@@ -105,6 +107,10 @@ class Budget:
         self.refill_per_second: float | None = None
         """A refilling quota's rate, learned from its answers (None: a window's quota)."""
         self.accrued_at = -math.inf
+        self.unconfirmed = False
+        """Past a reset nothing has answered yet: one request at a time until one does (a
+        bucket's reset is when it would be full had nothing been sent since, so the limit
+        is an assumption until an answer confirms it)."""
         self.rate_basis = (0.0, 0)
         """The reset (seconds) and limit the learned rate was computed from."""
 
@@ -167,6 +173,7 @@ class Budget:
             self.left, self.decay_from = float(self.limit), self.reset_at
         else:
             self.left = self.limit - self.in_flight
+        self.unconfirmed = True
         if not self.window_seconds:
             self.tat = -math.inf  # a spread is over its window: the next starts afresh
         step = self.window_seconds
@@ -181,6 +188,8 @@ class Budget:
             if self.limit is not None and self.in_flight + 1 > self.limit:
                 return PROBE_SECONDS / 10  # a slot frees when an answer comes
             return 0.0
+        if self.unconfirmed and self.in_flight > 0:
+            return PROBE_SECONDS / 200  # the first answer past the reset is awaited
         left = self.left_now(now)
         if left is not None:
             need = min(cost, self.limit) if self.limit is not None else cost
@@ -267,6 +276,7 @@ class Budget:
         self.seen_seq = seq
         self.seen_remaining = quota.remaining
         self.accrued_at = now
+        self.unconfirmed = False
 
     def _learn_rate(self, quota: Quota) -> None:
         """A refilling quota's rate from one answer: the units missing over the seconds until

@@ -16,8 +16,9 @@ Only quotas whose window is known (``RateLimit-Policy``'s ``w``) are shared; the
 paced by each process from the server's ``remaining``. The limiter fails open: with the store
 unreachable each process paces alone at the full rate (counted in ``shared_degraded``), and
 the server's ``remaining`` still holds every process back once the quota runs low. Each
-request costs one round trip to the store. Local leases (``LocalBudget``) do not fit: a turn is the arrival time the store holds after
-the request's hit, which a slice spent in process does not know, so they are refused.
+request costs one round trip to the store. Local leases (``LocalBudget``) do not fit: a turn
+is the arrival time the store holds after the request's hit, which a slice spent in process
+does not know, so they are refused.
 """
 
 from __future__ import annotations
