@@ -7,9 +7,11 @@ so threads (the sync drop-ins) and tasks (the async ones) share a core.
 A request may go when, in its partition:
 
 1. no refusal's wait is running (``Retry-After``, a refused quota's reset, or after a 429 that
-   said nothing ``backoff_seconds * 2**n``: the reactive mode of a server that sends no policy);
-2. every budget (``budget.Budget``) has room for it now: what is left, and the pace;
-3. no waiting request ranked ahead of it (higher ``priority``; the same, opened earlier) is
+   said nothing ``backoff_seconds * 2**n``: the reactive mode of a server that sends no
+   policy), nor, for a retry, its own jitter after it;
+2. the partition has been answered once, or nothing else is in flight (slow start);
+3. every budget (``budget.Budget``) has room for it now: what is left, and the pace;
+4. no waiting request ranked ahead of it (higher ``priority``; the same, opened earlier) is
    ready to go: that one goes first.
 
 Partitions are kept for the ``max_partitions`` most recently used; a budget not stated by any
