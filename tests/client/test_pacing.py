@@ -324,3 +324,15 @@ def test_past_a_reset_one_request_goes_alone_until_an_answer_confirms_it() -> No
     budget.answered(1)
     budget.observe(Quota("p", "requests", 20, 1.0, 2, 1.0), later, 2)
     assert budget.delay(1, later, 0.97, None) == 0  # confirmed: 2 left
+
+
+def test_a_content_bytes_quota_is_charged_the_body_length() -> None:
+    core = PacerCore(headroom=1.0)
+    probe = core.open(outgoing("PUT", URL, []))
+    core.try_send(probe, NOW)
+    policy = '"up";q=1000;w=60;qu="content-bytes"'
+    core.answered(probe, 200, {"ratelimit-policy": policy, "ratelimit": '"up";r=300;t=60'}, NOW)
+    small = core.open(outgoing("PUT", URL, [], body_bytes=200))
+    large = core.open(outgoing("PUT", URL, [], body_bytes=200))
+    assert core.try_send(small, NOW) == 0
+    assert core.try_send(large, NOW) > 0  # 100 bytes left of the window
