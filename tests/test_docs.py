@@ -372,6 +372,27 @@ def _parameters(obj: object) -> list[str]:
     return [p for p in inspect.signature(obj).parameters if p not in skip]  # type: ignore[arg-type]
 
 
+def _client_names() -> list[str]:
+    from ratekeeper import client
+
+    return [*client.__all__, "PacedTransport", "AsyncPacedTransport", "PacedAdapter",
+            "PacedMiddleware"]  # fmt: skip
+
+
+def _client_surface() -> list[object]:
+    """ratekeeper.client's constructors and functions, the drop-ins' too (every argument of
+    each must be named on the reference page)."""
+    from ratekeeper import client
+    from ratekeeper.client import pacer
+    from ratekeeper.client.aiohttp import PacedMiddleware
+    from ratekeeper.client.httpx import AsyncPacedTransport, PacedTransport
+    from ratekeeper.client.requests import PacedAdapter
+
+    exported = [getattr(client, n) for n in client.__all__]
+    return [*exported, pacer._PacerBase.__init__, PacedTransport, AsyncPacedTransport,
+            PacedAdapter, PacedMiddleware]  # fmt: skip
+
+
 def test_the_reference_names_every_public_option() -> None:
     import ratekeeper
     from ratekeeper import middleware
@@ -385,6 +406,8 @@ def test_the_reference_names_every_public_option() -> None:
     owners = [o for o in exported if isinstance(o, type) and not issubclass(o, Exception)]
     owners.remove(ratekeeper.Decision)  # its fields are checked below
     functions = [_Base.__init__, ratekeeper.Limiter.hit, middleware.priorities]
+    functions += _client_surface()
+    missing += [n for n in _client_names() if not _named(n)]
     for owner in [*owners, *functions, middleware.redis_flags, Metrics, Dashboard]:
         missing += [f"{owner}.{p}" for p in _parameters(owner) if not _named(p)]
     missing += [f"Decision.{f}" for f in ("allowed", "limit", "remaining", "reset_at",

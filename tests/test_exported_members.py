@@ -63,7 +63,7 @@ def test_import_pulls_in_no_optional_dependency() -> None:
         "import sys, redis; before = set(sys.modules); import ratekeeper; "
         "new = set(sys.modules) - before; "
         "bad = [m for m in ('starlette', 'fastapi', 'flask', 'grpc', 'yaml', 'prometheus_client', "
-        "'uvicorn', 'opentelemetry') if m in new]; print(bad)"
+        "'uvicorn', 'opentelemetry', 'httpx', 'requests', 'aiohttp') if m in new]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
