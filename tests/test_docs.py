@@ -367,6 +367,7 @@ README_COMMANDS: dict[str, tuple[str, str]] = {
     INSTALL_AND_SERVE: ("serve", "installed by readme_env, then served from it"),
     '.venv/bin/pip install -e ".[fastapi]"': ("install", "run by readme_env"),
     "./scripts/test": ("skip", "this test is part of it"),
+    ". .venv/bin/activate": ("activate", "the README's venv on PATH for the commands after it"),
     "curl -si localhost:8080/v1/hit -H 'content-type: application/json' -d "
     '\'{"policy": "api.core", "key": "user:42"}\'': ("run", '"allowed":true'),
     "ratekeeper demo": ("run", "fixed_window"),
@@ -377,7 +378,8 @@ README_COMMANDS: dict[str, tuple[str, str]] = {
     "ratekeeper check-config ratekeeper.yaml": ("run", "ok: 1 file"),
 }
 """Each README command: ("serve", note) starts it in the background (free ports; later
-commands reach it at localhost:8080); ("install", note): made by ``readme_env``; ("run",
+commands reach it at localhost:8080); ("install", note): made by ``readme_env``;
+("activate", note): the commands after it have the venv's ``bin`` on PATH; ("run",
 text) runs it in a shell, which must succeed and print ``text``; ("skip", why) does not run
 it."""
 
@@ -396,15 +398,17 @@ def test_every_readme_command_is_known() -> None:
 
 @pytest.mark.xdist_group("readme-env")
 def test_readme_commands_run(tmp_path: Path, readme_env: Path) -> None:
-    """As a newcomer runs them: in the README's environment, where its installs put
-    ``ratekeeper`` (``.venv/bin``, on PATH as an activated venv puts it)."""
+    """As a newcomer runs them: in the README's environment, with no ``ratekeeper`` on PATH
+    until the README activates its venv (a command that needs it before fails)."""
     for name, text in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     write_files("README.md", tmp_path)
     (tmp_path / "access.log.gz").write_bytes(gzip.compress(LOG.encode()))
     bin_dir = readme_env / "bin"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "ratekeeper").exists()]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(path)
     server: ServiceProcess | None = None
     try:
         for command in readme_commands():
@@ -414,6 +418,9 @@ def test_readme_commands_run(tmp_path: Path, readme_env: Path) -> None:
                     server.stop()
                 serving = command.split(" && ")[-1].replace(".venv/bin/", f"{bin_dir}/")
                 server = serve(serving, tmp_path, env)
+            elif how == "activate":
+                env = {**env, "VIRTUAL_ENV": str(readme_env),
+                       "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}  # fmt: skip
             elif how == "run":
                 if SERVICE in command:
                     assert server is not None, f"no service started before {command!r}"
