@@ -36,10 +36,12 @@ FULL_PATHS = (
     "tests/service/test_lifecycle.py", "tests/service/test_connections.py",
     "tests/test_local_budget_processes.py", "tests/quotas/test_processes.py",
     "tests/compat/", "tests/abuse/", "tests/test_compact_layout.py", "tests/test_url_redaction.py",
+    "tests/test_scripts.py",
 )  # fmt: skip
 """Modules of the full run only: a real Envoy, Chromium or Prometheus, several service
 processes, timeouts waited out for real; the side-by-side runs of the peers, the fuzzers and
-the long property searches (every layout on a Cluster, every character in a password)."""
+the long property searches (every layout on a Cluster, every character in a password);
+``./scripts/test`` run by a test."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
