@@ -5,6 +5,7 @@ profile, stopped by PID. Missing Chromium skips the test, except in CI, where it
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -58,7 +59,10 @@ class Browser:
             if page is None:
                 time.sleep(0.1)
         assert page is not None, "chromium opened no page"
-        self.ws: ClientConnection = connect(page["webSocketDebuggerUrl"], max_size=64 * 2**20)
+        self._stack = contextlib.ExitStack()  # connect() is a context manager (websockets 17)
+        self.ws: ClientConnection = self._stack.enter_context(
+            connect(page["webSocketDebuggerUrl"], max_size=64 * 2**20)
+        )
         self._ids = itertools.count(1)
         self.errors: list[str] = []
         for domain in ("Page", "Runtime", "Log"):
@@ -132,8 +136,8 @@ class Browser:
 
     def close(self) -> None:
         try:
-            if hasattr(self, "ws"):
-                self.ws.close()
+            if hasattr(self, "_stack"):
+                self._stack.close()
         finally:
             if self.proc.poll() is None:
                 self.proc.terminate()

@@ -22,6 +22,38 @@ settings.register_profile("deep", parent=settings.get_profile("ratekeeper"), max
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ratekeeper"))
 
 
+# --- the quick tier ---------------------------------------------------------------------------
+
+FULL_FIXTURES = {"sentinel_group", "fresh_redis", "fresh_cluster", "primary_replica",
+                 "readme_env", "deploy_env"}  # fmt: skip
+"""Fixtures of the full run only: servers a test kills, pauses or fails over; the docs'
+freshly installed environments."""
+FULL_PATHS = (
+    "tests/reliability/", "tests/dashboard/", "tests/service/rlqs/test_envoy_quota.py",
+    "tests/service/rlqs/test_shared.py", "tests/service/test_envoy_proxy.py",
+    "tests/service/test_browser_rules.py", "tests/service/test_prometheus_alerts.py",
+    "tests/service/test_upstream_env.py", "tests/service/test_workers.py",
+    "tests/service/test_lifecycle.py", "tests/service/test_connections.py",
+    "tests/test_local_budget_processes.py", "tests/quotas/test_processes.py",
+    "tests/compat/", "tests/abuse/", "tests/test_compact_layout.py", "tests/test_url_redaction.py",
+    "tests/test_scripts.py",
+)  # fmt: skip
+"""Modules of the full run only: a real Envoy, Chromium or Prometheus, several service
+processes, timeouts waited out for real; the side-by-side runs of the peers, the fuzzers and
+the long property searches (every layout on a Cluster, every character in a password);
+``./scripts/test`` run by a test."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``full`` what ``./scripts/test --quick`` leaves out (docs/contributing.md)."""
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if path.startswith(FULL_PATHS) or fixtures & FULL_FIXTURES:
+            item.add_marker(pytest.mark.full)
+
+
 def _need_redis() -> None:
     if not rs.available():
         if REQUIRE_REDIS:

@@ -117,3 +117,10 @@ def test_demo_options() -> None:
 def test_demo_bad_input_names_it(args: tuple[str, ...], message: str) -> None:
     out = ratekeeper("demo", *args)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_healthcheck_with_a_port_that_is_no_number_exits_2() -> None:
+    """A usage mistake, not an unhealthy service (docs/reference.md, "Exit status")."""
+    out = ratekeeper("healthcheck", env={"RATEKEEPER_PORT": "eighty"})
+    assert out.returncode == 2, out
+    assert out.stderr == "ratekeeper healthcheck: port 'eighty' is not a number\n"

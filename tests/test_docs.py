@@ -11,9 +11,14 @@
   ``CHECKS`` adds assertions after a few blocks that show an app without calling it.
 - ``yaml`` blocks are service configs: each document (``---`` separates alternatives) loads
   with the service's config loader. A ``# fragment`` block is only parsed as YAML.
-- Shell commands of README.md (``bash`` blocks) run as written where they can, against a real
-  ``ratekeeper serve`` on free ports; ``README_COMMANDS`` says how each is run, or why not,
-  and a README command missing from it fails the test.
+- README.md's blocks run in an environment that holds only what the README says to install:
+  a virtual environment made by the README's own install commands, run as written from the
+  checkout (``.venv`` becomes a scratch path), once per session (``readme_env``). A block that
+  needs what the page does not install fails.
+- Shell commands of README.md and docs/deploy.md (``bash`` blocks) run as written where they
+  can, against a real ``ratekeeper serve`` on free ports, in the environment the page's own
+  install commands made; ``README_COMMANDS`` and ``DEPLOY_COMMANDS`` say how each is run, or
+  why not, and a command missing from them fails the test.
 - docs/reference.md names every public option (read from the code), and links between pages
   resolve (files and heading anchors).
 """
@@ -21,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import inspect
 import json
@@ -81,7 +87,20 @@ BLOCKS = _blocks()
 
 
 def params(lang: str) -> list[object]:
-    return [pytest.param(b, id=f"{b.page}:{b.line}") for b in BLOCKS if b.lang == lang]
+    return [
+        pytest.param(b, id=f"{b.page}:{b.line}", marks=_group(b.page))
+        for b in BLOCKS
+        if b.lang == lang
+    ]
+
+
+def _group(page: str) -> list[pytest.MarkDecorator]:
+    """A page with an environment of its own (``readme_env``, ``deploy_env``): its tests on
+    one worker, the one that built it."""
+    return [pytest.mark.xdist_group(ENV_GROUPS[page])] if page in ENV_GROUPS else []
+
+
+ENV_GROUPS = {"README.md": "readme-env", "docs/deploy.md": "deploy-env"}
 
 
 # --- python -----------------------------------------------------------------------------------
@@ -205,8 +224,11 @@ def test_python_block_runs(block: Block, request: pytest.FixtureRequest, tmp_pat
         service: ServiceProcess = request.getfixturevalue("service")
         source = source.replace(SERVICE, f"127.0.0.1:{service.port}")
     source = "\n" * (block.line - 1) + source + checks_for(block)  # line numbers of the page
+    python = sys.executable
+    if block.page == "README.md":  # only what the README installs
+        python = str(request.getfixturevalue("readme_env") / "bin" / "python")
     done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", RUNNER, block.page],
+        [python, "-W", "ignore", "-c", RUNNER, block.page],
         input=source,
         capture_output=True,
         text=True,
@@ -246,15 +268,15 @@ def test_the_metric_table_is_the_vocabulary() -> None:
         assert rows[s.exposed].strip() == (", ".join(f"`{x}`" for x in s.labels) or "\N{EN DASH}")
 
 
-# --- README commands --------------------------------------------------------------------------
+# --- the pages' environments and commands ---------------------------------------------------
 
 
-def readme_commands() -> list[str]:
-    """The README's shell commands: lines of ``bash`` blocks, continuations joined, comments
-    and blank lines dropped."""
+def page_commands(page: str) -> list[str]:
+    """A page's shell commands: lines of ``bash`` blocks, continuations joined, comments and
+    blank lines dropped."""
     out = []
     for block in BLOCKS:
-        if block.page != "README.md" or block.lang != "bash":
+        if block.page != page or block.lang != "bash":
             continue
         joined = block.text.replace("\\\n", " ")
         for line in joined.splitlines():
@@ -262,6 +284,23 @@ def readme_commands() -> list[str]:
             if line and not line.startswith("#"):
                 out.append(re.sub(r"\s+", " ", line))
     return out
+
+
+def readme_commands() -> list[str]:
+    return page_commands("README.md")
+
+
+def printed_after(page: str, command: str) -> list[str]:
+    """The output a page shows under a command: the ``# text`` lines after it in its block
+    (``#   ...`` says the rest is left out)."""
+    for block in BLOCKS:
+        if block.page == page and block.lang == "bash":
+            joined = re.sub(r"\s+", " ", block.text.replace("\\\n", " "))
+            if command in joined:
+                tail = block.text.split("\n# ", 1)
+                lines = ("# " + tail[1]).splitlines() if len(tail) == 2 else []
+                return [ln[2:] for ln in lines if ln.startswith("# ") and ln != "#   ..."]
+    return []
 
 
 def _script(name: str) -> str:
@@ -272,13 +311,64 @@ def _script(name: str) -> str:
     return path
 
 
+def _made_by(commands: list[str], venv: str, into: Path, log: Path) -> None:
+    """Run a page's install commands as written, from the checkout, with the page's venv
+    path (``.venv``, ``/opt/ratekeeper``) pointing at ``into``; pip's output in ``log``."""
+    for command in commands:
+        command = command.split(f" && {venv}/bin/ratekeeper")[0]  # install, not serve
+        command = command.replace(f"{venv}/", f"{into}/").replace(f"venv {venv}", f"venv {into}")
+        with log.open("a") as out:
+            out.write(f"$ {command}\n")
+            out.flush()
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=900,
+            )  # fmt: skip
+        assert done.returncode == 0, f"{command!r} failed:\n{log.read_text()[-3000:]}"
+
+
+def _page_env(factory: pytest.TempPathFactory, name: str, commands: list[str], venv: str) -> Path:
+    """The venv a page's install commands make, built once for every test process (the
+    first to ask builds it under a lock, the others wait and reuse it)."""
+    root = factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    into, done = shared / name, shared / f"{name}.done"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(into, ignore_errors=True)
+            _made_by(commands, venv, into, shared / f"{name}.log")
+            done.write_text("")
+    return into
+
+
+def _installs(page: str, venv: str) -> list[str]:
+    return [c for c in page_commands(page) if c.startswith((f"python3 -m venv {venv}",
+                                                           f"{venv}/bin/pip install"))]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def readme_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment holding what the README says to install, and nothing else."""
+    return _page_env(tmp_path_factory, "readme-venv", _installs("README.md", ".venv"), ".venv")
+
+
+@pytest.fixture(scope="session")
+def deploy_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment made by docs/deploy.md's install command, as written."""
+    venv = "/opt/ratekeeper"
+    return _page_env(tmp_path_factory, "deploy-venv", _installs("docs/deploy.md", venv), venv)
+
+
 INSTALL_AND_SERVE = (
     'python3 -m venv .venv && .venv/bin/pip install -e ".[server]" && .venv/bin/ratekeeper serve'
 )
 README_COMMANDS: dict[str, tuple[str, str]] = {
-    INSTALL_AND_SERVE: ("serve", "its install is scripts/test's first step ([dev] has [server])"),
+    INSTALL_AND_SERVE: ("serve", "installed by readme_env, then served from it"),
+    '.venv/bin/pip install -e ".[fastapi]"': ("install", "run by readme_env"),
     "./scripts/test": ("skip", "this test is part of it"),
-    "curl -s localhost:8080/v1/hit -H 'content-type: application/json' -d "
+    ". .venv/bin/activate": ("activate", "the README's venv on PATH for the commands after it"),
+    "curl -si localhost:8080/v1/hit -H 'content-type: application/json' -d "
     '\'{"policy": "api.core", "key": "user:42"}\'': ("run", '"allowed":true'),
     "ratekeeper demo": ("run", "fixed_window"),
     "ratekeeper simulate access.log.gz --checks myapp.limits:checks --html report.html": (
@@ -288,8 +378,10 @@ README_COMMANDS: dict[str, tuple[str, str]] = {
     "ratekeeper check-config ratekeeper.yaml": ("run", "ok: 1 file"),
 }
 """Each README command: ("serve", note) starts it in the background (free ports; later
-commands reach it at localhost:8080); ("run", text) runs it in a shell, which must succeed
-and print ``text``; ("skip", why) does not run it."""
+commands reach it at localhost:8080); ("install", note): made by ``readme_env``;
+("activate", note): the commands after it have the venv's ``bin`` on PATH; ("run",
+text) runs it in a shell, which must succeed and print ``text``; ("skip", why) does not run
+it."""
 
 FILES = {"ratekeeper.yaml": config.EXAMPLE.read_text(), "myapp/__init__.py": ""}
 """What the README's commands read besides its file blocks, in the directory they run in."""
@@ -304,14 +396,19 @@ def test_every_readme_command_is_known() -> None:
     assert sorted(readme_commands()) == sorted(README_COMMANDS)
 
 
-def test_readme_commands_run(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("readme-env")
+def test_readme_commands_run(tmp_path: Path, readme_env: Path) -> None:
+    """As a newcomer runs them: in the README's environment, with no ``ratekeeper`` on PATH
+    until the README activates its venv (a command that needs it before fails)."""
     for name, text in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     write_files("README.md", tmp_path)
     (tmp_path / "access.log.gz").write_bytes(gzip.compress(LOG.encode()))
-    bin_dir = str(Path(_script("ratekeeper")).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    bin_dir = readme_env / "bin"
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "ratekeeper").exists()]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(path)
     server: ServiceProcess | None = None
     try:
         for command in readme_commands():
@@ -319,7 +416,11 @@ def test_readme_commands_run(tmp_path: Path) -> None:
             if how == "serve":
                 if server is not None:
                     server.stop()
-                server = serve(command.split(" && ")[-1], tmp_path, env)
+                serving = command.split(" && ")[-1].replace(".venv/bin/", f"{bin_dir}/")
+                server = serve(serving, tmp_path, env)
+            elif how == "activate":
+                env = {**env, "VIRTUAL_ENV": str(readme_env),
+                       "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}  # fmt: skip
             elif how == "run":
                 if SERVICE in command:
                     assert server is not None, f"no service started before {command!r}"
@@ -340,17 +441,96 @@ def test_readme_commands_run(tmp_path: Path) -> None:
             server.stop()
 
 
+@pytest.mark.xdist_group("readme-env")
+def test_the_readme_environment_holds_only_what_the_readme_installs(readme_env: Path) -> None:
+    """The environment cannot pass a block the README's installs would fail: the dev tools
+    and the extras it does not name are absent."""
+    missing = subprocess.run(
+        [str(readme_env / "bin" / "python"), "-c",
+         "import importlib.util as u; print([m for m in ('flask', 'django', 'pytest', "
+         "'hypothesis', 'uvicorn', 'fastapi', 'grpc') if u.find_spec(m) is None])"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert missing == "['flask', 'django', 'pytest', 'hypothesis', 'uvicorn']"
+
+
 def serve(command: str, cwd: Path, env: dict[str, str]) -> ServiceProcess:
-    """A README ``ratekeeper serve`` command, run as written but on free ports."""
+    """A page's ``ratekeeper serve`` command, run as written but on free ports."""
     argv = command.split()
     assert argv[0].endswith("ratekeeper") and argv[1] == "serve", command
-    args = [_script("ratekeeper"), *argv[1:]]
+    args = [argv[0] if "/" in argv[0] else _script("ratekeeper"), *argv[1:]]
     for flag in ("--port", "--grpc-port"):
         if flag in args:
             args[args.index(flag) + 1] = "0"
         else:
             args += [flag, "0"]
     return ServiceProcess(argv=args, cwd=cwd, env=env)
+
+
+CHECK_CONFIG = (
+    "REDIS_SOCKET_TYPE=tcp REDIS_URL=10.0.0.1:6379 REDIS_AUTH=s3cret USE_STATSD=false "
+    "RUNTIME_ROOT=deploy/compose/runtime RUNTIME_SUBDIRECTORY=ratelimit "
+    "/opt/ratekeeper/bin/ratekeeper check-config"
+)
+NO_CONTAINERS = "no container engine here: ./scripts/test-image builds and runs the image"
+DEPLOY_COMMANDS: dict[str, tuple[str, str]] = {
+    "python3 -m venv /opt/ratekeeper && /opt/ratekeeper/bin/pip install '.[server]'": (
+        "install",
+        "run by deploy_env",
+    ),
+    "/opt/ratekeeper/bin/ratekeeper serve --help": ("run", "usage: ratekeeper serve"),
+    CHECK_CONFIG: ("run", "printed"),
+    "python3 -m pip wheel --no-deps -w deploy/wheels .": ("skip", NO_CONTAINERS),
+    "docker build -f deploy/Containerfile -t ratekeeper:0.1.0 deploy": ("skip", NO_CONTAINERS),
+    "docker run -p 8080:8080 -p 8081:8081 -e REDIS_SOCKET_TYPE=tcp -e REDIS_URL=redis:6379 "
+    '-v "$PWD/deploy/compose/runtime:/srv/runtime_data/current:ro" ratekeeper:0.1.0': (
+        "skip",
+        NO_CONTAINERS,
+    ),
+    "docker compose -f deploy/compose/compose.yaml up --build": ("skip", NO_CONTAINERS),
+    "curl -i localhost:10000/ -H 'x-user: alice'": ("skip", "the Compose deployment's Envoy"),
+}
+"""docs/deploy.md's commands, as ``README_COMMANDS``; ("run", "printed"): what the page shows
+under the command (its ``# ...`` lines) must be printed."""
+
+
+def test_every_deploy_command_is_known() -> None:
+    assert sorted(set(page_commands("docs/deploy.md"))) == sorted(DEPLOY_COMMANDS)
+
+
+@pytest.mark.xdist_group("deploy-env")
+def test_deploy_commands_run(deploy_env: Path) -> None:
+    """From the checkout, as the page runs them, with /opt/ratekeeper its environment."""
+    for command in page_commands("docs/deploy.md"):
+        how, expected = DEPLOY_COMMANDS[command]
+        if how != "run":
+            continue
+        done = subprocess.run(
+            ["bash", "-c", command.replace("/opt/ratekeeper/", f"{deploy_env}/")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        wanted = printed_after("docs/deploy.md", command) if expected == "printed" else [expected]
+        assert wanted, command
+        for line in wanted:
+            assert line in done.stdout, (command, line, done.stdout)
+
+
+def test_the_server_extra_is_what_deploy_says_it_brings() -> None:
+    """docs/deploy.md names each distribution of ``[server]``, and no other server."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["server"]
+    names = [re.split(r"[<>=;\s\[]", requirement, maxsplit=1)[0] for requirement in extra]
+    text = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
+    sentence = text.split("The `[server]` extra brings", 1)[1].split("Python 3.11", 1)[0]
+    assert [n for n in names if f"`{n}`" not in sentence] == []
+    assert "no uvicorn" in sentence  # the service's HTTP server is its own
 
 
 # --- the reference page -----------------------------------------------------------------------

@@ -9,11 +9,12 @@ identical decisions: allowed, remaining, reset_at, retry_after, deciding rate.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from ratekeeper import Limiter, ManualClock, MemoryStore, RedisStore
@@ -74,6 +75,21 @@ def scenarios(draw: st.DrawFn, algorithm: str) -> tuple[str, dict[str, int], flo
     )
 
 
+TTL_SLACK = 1.0
+"""Seconds every Lua state outlives the moment it stops mattering (``ttl``: what remains + 1 s,
+at least 1 s). Redis expires keys on its own clock, which a test's ``ManualClock`` does not
+move: an example that took this long in real time may have lost a key the model still holds."""
+
+
+def same_or_outran_ttl(got: object, want: object, started: float) -> bool:
+    """True when ``got == want``; a difference once the example has run ``TTL_SLACK`` in real
+    time (a loaded machine) is Redis' expiry, not the code under test: the example is
+    discarded. On an idle machine an example takes milliseconds, so a real difference fails."""
+    if got != want and time.monotonic() - started >= TTL_SLACK:
+        reject()
+    return got == want
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @settings(
     max_examples=80,
@@ -89,6 +105,7 @@ def test_redis_decides_exactly_like_memory(
     clock = ManualClock(start)
     memory = Limiter(MemoryStore(), clock=clock, fail_open=False)
     remote = Limiter(redis_backend.store, clock=clock, fail_open=False)
+    started = time.monotonic()
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         if step.op in ("refund", "reset"):
@@ -99,7 +116,7 @@ def test_redis_decides_exactly_like_memory(
         op, cost = ("peek", 0) if step.op == "peek0" else (step.op, step.cost)
         want = getattr(memory, op)(step.key, rate, algorithm=algorithm, cost=cost, **options)
         got = getattr(remote, op)(step.key, rate, algorithm=algorithm, cost=cost, **options)
-        assert got == want, (step, algorithm, rate, options)
+        assert same_or_outran_ttl(got, want, started), (got, want, step, algorithm, rate, options)
 
 
 def test_peek_writes_nothing_and_runs_on_a_replica(
@@ -160,6 +177,7 @@ def test_fixed_window_with_large_counts_decides_like_memory(
     memory = Limiter(MemoryStore(), clock=clock, fail_open=False)
     remote = Limiter(redis_backend.store, clock=clock, fail_open=False)
     options = {"aligned": aligned, "count_rejected": count_rejected}
+    started = time.monotonic()
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         if step.op == "refund":
@@ -168,4 +186,4 @@ def test_fixed_window_with_large_counts_decides_like_memory(
             continue
         want = getattr(memory, step.op)(step.key, rate, cost=step.cost, **options)
         got = getattr(remote, step.op)(step.key, rate, cost=step.cost, **options)
-        assert got == want, (step, rate, options)
+        assert same_or_outran_ttl(got, want, started), (got, want, step, rate, options)

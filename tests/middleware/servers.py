@@ -63,6 +63,7 @@ def wsgi_server(app: Callable[..., Any]) -> Iterator[str]:
 def waitress_server(app: Callable[..., Any], threads: int = 8) -> Iterator[str]:
     """Serve ``app`` with waitress (a production WSGI server, ``threads`` workers) on a free
     loopback port; yields the base URL."""
+    from waitress import wasyncore
     from waitress.server import create_server
 
     server = create_server(app, host="127.0.0.1", port=0, threads=threads)
@@ -71,8 +72,11 @@ def waitress_server(app: Callable[..., Any], threads: int = 8) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
-        server.close()
+        # closed in the loop's own thread (waitress runs a thunk there): closing its sockets
+        # from this thread would let the loop's select() see a closed descriptor (EBADF)
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
         thread.join(timeout=20)
+        server.task_dispatcher.shutdown()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

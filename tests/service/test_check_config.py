@@ -167,7 +167,10 @@ def test_check_config_usage_errors_exit_2() -> None:
 
 def test_check_config_without_a_path_checks_what_serve_would_read(tmp_path: Path) -> None:
     out = ratekeeper("check-config")  # the built-in example, as serve without --config
-    assert out.returncode == 0 and out.stdout.startswith("ok: 1 file, 4 rate"), out
+    assert out.returncode == 0, out
+    assert out.stdout.startswith("ok: 1 file (the built-in example), 4 rate"), out
+    assert f"  config = [{str(EXAMPLE)!r}]  [default: the built-in example]\n" in out.stdout
+    assert "  log_level = 'warn'  [default]\n" in out.stdout  # as --log-level spells it
     runtime = tmp_path / "ratelimit" / "config"
     runtime.mkdir(parents=True)
     (runtime / "edge.yaml").write_text("domain: edge\ndescriptors: [{key: user}]\n")
@@ -190,3 +193,46 @@ def test_serve_refuses_an_invalid_config_with_every_problem(bad_dir: Path) -> No
     out = ratekeeper("serve", "--config", str(bad_dir), "--port", "0", "--no-grpc")
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == len(EXPECTED), out.stderr
+
+
+def test_a_bad_rate_and_a_bad_algorithm_of_one_policy_are_both_reported(tmp_path: Path) -> None:
+    f = tmp_path / "two.yaml"
+    f.write_text(
+        "policies:\n  api:\n    rate: 100/minit\n    algorithm: sliding_windo\n"
+        "  up:\n    rate: 5/fortnight\n    algorithm: sliding_window\n    burst: 3\n"
+    )
+    out = ratekeeper("check-config", str(f))
+    assert out.returncode == 1, out
+    lines = out.stderr.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines[:-1]] == [f"{f}:{n}" for n in (3, 4, 6, 8)]
+    assert "rate unit 'minit'" in lines[0] and "algorithm 'sliding_windo' is unknown" in lines[1]
+    assert "rate unit 'fortnight'" in lines[2]
+    assert "option 'burst' does not apply to sliding_window" in lines[3]
+    assert lines[-1] == "4 problems; the config is invalid"
+
+
+@pytest.mark.parametrize("log_level", ["debug", "info", "warn", "error"])
+def test_the_log_level_is_printed_as_the_flag_spells_it(log_level: str) -> None:
+    out = ratekeeper("check-config", env={"RATEKEEPER_LOG_LEVEL": log_level})
+    assert f"  log_level = {log_level!r}  [RATEKEEPER_LOG_LEVEL]\n" in out.stdout, out.stdout
+
+
+def test_a_path_that_cannot_be_read_exits_2_as_from_every_command(
+    tmp_path: Path, bad_dir: Path
+) -> None:
+    """docs/reference.md's convention: 1 is a finding (the config is invalid), 2 a command
+    that could not do what was asked (here: read its input), the same from every command."""
+    missing = str(tmp_path / "missing.yaml")
+    out = ratekeeper("check-config", missing, str(bad_dir))
+    assert out.returncode == 2, out
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"{missing}: cannot read config file: no such file or directory"
+    assert len(lines) == 2 + len(EXPECTED)  # the other problems are reported all the same
+    assert lines[-1] == f"{1 + len(EXPECTED)} problems; a config path cannot be read"
+    for command in (["simulate", missing, "--limit", "a=10/s"],
+                    ["simulate", str(EXAMPLE), "--config", missing, "--key", "api.core=ip"],
+                    ["serve", "--config", missing, "--port", "0", "--no-grpc"],
+                    ["admin", "--config", missing, "status", "k"]):  # fmt: skip
+        out = ratekeeper(*command)
+        assert out.returncode == 2, (command, out)
+        assert "missing.yaml" in out.stderr and "Traceback" not in out.stderr, (command, out)

@@ -195,7 +195,7 @@ BAD = [
     ),
     ("policies:\n  a:\n    rate: 100/fortnight\n", 3, "unit 'fortnight'"),
     ("policies:\n  a:\n    rate: 10/minute\n    algorithm: leaky\n", 4, "algorithm 'leaky'"),
-    ("policies:\n  a:\n    rate: 10/minute\n    burst: 5\n", 3, "does not apply"),
+    ("policies:\n  a:\n    rate: 10/minute\n    burst: 5\n", 4, "does not apply"),
     ("policies:\n  a:\n    algorithm: gcra\n", 3, "has no 'rate'"),
     ("policies:\n  a:\n    rate: 1/s\n    shadow: yes please\n", 4, "shadow 'yes please'"),
     ("policies:\n  a:\n    rate: 1/s\n    colour: red\n", 4, "unknown key 'colour'"),

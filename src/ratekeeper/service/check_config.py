@@ -2,9 +2,9 @@
 
 Reads the files as ``ratekeeper serve --config`` would (ratekeeper's format and
 envoyproxy/ratelimit's, files and directories, merged) and prints every problem, one
-``file:line: problem`` a line, then exits 1; a valid config prints a summary and its
-warnings and exits 0. It does not contact the store. Importing this module imports nothing of
-the server extra.
+``file:line: problem`` a line, then exits 1 (2 when a path cannot be read, as every command
+does); a valid config prints a summary and its warnings and exits 0. It does not contact the
+store. Importing this module imports nothing of the server extra.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -30,9 +31,9 @@ def add_check_config_command(subparsers: Any) -> argparse.ArgumentParser:
             "Check service config files as `ratekeeper serve --config` reads them: "
             "ratekeeper's format and envoyproxy/ratelimit's, files and directories, merged. "
             "Every problem is printed as file:line: problem; the exit status is 1 if there "
-            "is any, else 0. The store is not contacted. Token environment variables "
-            "(RATEKEEPER_TOKEN, RATEKEEPER_ADMIN_TOKEN, auth.token_env) are checked as serve "
-            "checks them."
+            "is any (2 if a path cannot be read), else 0. The store is not contacted. Token "
+            "environment variables (RATEKEEPER_TOKEN, RATEKEEPER_ADMIN_TOKEN, auth.token_env) "
+            "are checked as serve checks them."
         ),
     )
     parser.add_argument(
@@ -69,28 +70,55 @@ def run_check_config(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         print("the environment is invalid", file=sys.stderr)
         return 1
+    paths, dotfiles = settings["config"].value, settings["config_dotfiles"].value
     try:
-        config = load(settings["config"].value, dotfiles=settings["config_dotfiles"].value)
+        config = load(paths, dotfiles=dotfiles)
     except ConfigError as exc:
         problems = str(exc).splitlines()
         for line in problems:
             print(line, file=sys.stderr)
         count = len(problems)
-        print(f"{count} problem{'s' if count != 1 else ''}; the config is invalid", file=sys.stderr)
-        return 1
+        missing = _unreadable(paths, dotfiles)
+        verdict = "a config path cannot be read" if missing else "the config is invalid"
+        print(f"{count} problem{'s' if count != 1 else ''}; {verdict}", file=sys.stderr)
+        return 2 if missing else 1
     for warning in config.warnings:
         match = _WARNING.match(warning)
         print(f"{match[1]}: warning: {match[2]}" if match else f"warning: {warning}")
     # an Envoy descriptor's limit is a policy named domain/..., which no policy of ours can be
     rates = sum(1 for name in config.policies if "/" not in name)
+    example = " (the built-in example)" if not paths else ""
     print(
-        f"ok: {len(config.files)} file{'s' if len(config.files) != 1 else ''}, "
+        f"ok: {len(config.files)} file{'s' if len(config.files) != 1 else ''}{example}, "
         f"{rates} rate and {len(config.concurrency)} concurrency policies, "
         f"{len(config.domains)} Envoy domain{'s' if len(config.domains) != 1 else ''}, "
         f"store {config.store.kind}"
     )
     print_settings([*settings.values(), *overlay], environment.ignored(os.environ))
     return 0
+
+
+def _unreadable(paths: list[str], dotfiles: bool) -> bool:
+    """True when a config path does not exist, holds no file or cannot be read: the input
+    is missing (exit 2, as every command's), not invalid (exit 1)."""
+    from .config.files import config_files
+
+    try:
+        files = config_files(paths, dotfiles)
+    except ConfigError:
+        return True
+    for path in files:
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError:
+            return True
+    return False
+
+
+_LEVEL_NAMES = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error",
+                "CRITICAL": "fatal"}  # fmt: skip
+"""Python's level names as ``--log-level`` spells them."""
 
 
 def print_settings(settings: list[Any], ignored: list[Any]) -> None:
@@ -101,6 +129,13 @@ def print_settings(settings: list[Any], ignored: list[Any]) -> None:
     print("settings (a flag > RATEKEEPER_... > envoyproxy/ratelimit's variable > default):")
     for s in settings:
         value = s.value
+        if s.name == "log_level":
+            value = _LEVEL_NAMES.get(value, value)
+        elif s.name == "config" and not value:
+            from .config.loader import EXAMPLE
+
+            value = [str(EXAMPLE)]
+            s = replace(s, source=f"{s.source}: the built-in example")
         if isinstance(value, str) and "://" in value:
             value = redact(value)
         elif isinstance(value, dict):

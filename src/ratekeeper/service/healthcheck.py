@@ -41,13 +41,13 @@ def add_healthcheck_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_healthcheck(args: argparse.Namespace) -> int:
-    """GET the route; 0 on 200, else 1."""
+    """GET the route; 0 on 200, else 1 (2: the port to ask is not a number)."""
     port = args.port
     if port is None:
         text = os.environ.get("RATEKEEPER_PORT") or os.environ.get("PORT") or "8080"
         if not text.isdigit():
             print(f"ratekeeper healthcheck: port {text!r} is not a number", file=sys.stderr)
-            return 1
+            return 2  # a usage mistake, as every command's, not an unhealthy service
         port = int(text)
     url = f"http://{args.host}:{port}{args.path}"
     try:

@@ -66,6 +66,7 @@ from .envoy.rlqs.hub import Quotas
 from .envoy.rlqs.state import quota_state
 from .envoy.rls import Envoy
 from .envoy.servicer import RateLimitServicer, ThreadServicer, handler, on_loop, run_inline
+from .grpc_port import add_grpc_port
 from .http.api import HttpApi
 from .http.guard import BrowserRules, is_loopback
 from .http.server import HttpServer, HttpSettings, default_max_connections
@@ -365,14 +366,13 @@ class Service:
         grpc_port = None
         if opts.grpc_port is not None:
             grpc_server = self.grpc_server(loop)
-            where = f"{_host(opts.host)}:{opts.grpc_port}"
             try:
-                grpc_port = grpc_server.add_insecure_port(where)
-            except RuntimeError as exc:
+                grpc_port = add_grpc_port(
+                    grpc_server.add_insecure_port, opts.host, opts.grpc_port, shared
+                )
+            except ConfigError:
                 sock.close()
-                raise ConfigError(
-                    f"cannot listen for gRPC on {where} (--grpc-port): {exc}"
-                ) from None
+                raise
             await grpc_server.start()
         http = HttpServer(self.api, http_settings(opts), self.api)
         await http.start(sock)
@@ -521,10 +521,6 @@ def _listen(host: str, port: int, shared: bool = False) -> socket.socket:
             f"cannot listen for HTTP on {host}:{port} (--port): {exc.strerror or exc}"
         ) from None
     return sock
-
-
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def serve(options: ServeOptions) -> int:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...algorithms import ALGORITHMS
 from ...errors import ConfigError, RateSpecError
 from ...plan import Policy, make_policy
-from ...rates import Rate
+from ...rates import Rate, to_rates
 from ...yaml_lines import Map, Problem
 
 
@@ -62,10 +63,35 @@ def policy_from(
     """A ``PolicySpec`` (``upstream``: an aligned fixed window counting rejected hits too), or
     a ``Problem`` at the line of the rate, the rate_limit or the algorithm."""
     line = where.lines.get("rate", where.lines.get("rate_limit", where.line))
+    found = []  # the algorithm and the rate are read apart: a bad one hides no other
     if not isinstance(algorithm, str):
-        raise Problem(
-            where.lines.get("algorithm", line), f"algorithm {algorithm!r} must be a string"
+        found.append(
+            Problem(where.lines.get("algorithm", line), f"algorithm {algorithm!r} must be a string")
         )
+    elif algorithm not in ALGORITHMS:
+        known = ", ".join(sorted(ALGORITHMS))
+        found.append(
+            Problem(
+                where.lines.get("algorithm", line),
+                f"algorithm {algorithm!r} is unknown; expected one of {known}",
+            )
+        )
+    else:
+        takes = ALGORITHMS[algorithm].OPTIONS
+        for option in sorted(set(options) - set(takes)):
+            found.append(
+                Problem(
+                    where.lines.get(option, line),
+                    f"option {option!r} does not apply to {algorithm}; it takes "
+                    f"{', '.join(sorted(takes)) or 'no options'}",
+                )
+            )
+    try:
+        to_rates(rate)
+    except (ConfigError, RateSpecError) as exc:
+        found.append(Problem(line, str(exc)))
+    if found:
+        raise Problem.first_of(sorted(found, key=lambda p: p.line))
     try:
         policy = make_policy(
             rate, algorithm, options.get("burst"), options.get("buckets"), upstream, upstream
