@@ -18,6 +18,9 @@ the last heartbeat answered, or ``processes`` before any), and the answers are m
   (a sliced key's rides in its next ``take``; other keys are charged with a ``peek`` and a
   ``hit`` of what fits), the others a batch per call. So the decisions of the outage count,
   and the store's return is no burst.
+- **After the return** the local state stays until it ends by itself (a window's end, a
+  bucket refilled): a process still deciding here (its breaker cooling down, a later outage
+  in the same window) goes on from what it admitted, never from a fresh share.
 
 What that admits (the slack ``docs/local_budget.md`` states): in windows wholly inside the
 outage each process admits at most its share, so all together at most the limit (times the
@@ -165,9 +168,15 @@ class FailLocal:
             debt.until = max(debt.until, until)
 
     def recovered(self) -> None:
-        """The store answers again and every debt is charged: the local state is dropped."""
+        """The store answers again and every debt is charged. The local state is kept until
+        it ends by itself: a limiter whose breaker still cools down decides here a while
+        longer, and must go on from what it admitted, not from a second share."""
         self.active = False
-        self.memory = MemoryStore(max_keys=self.memory.max_keys)
+
+    def forget(self, policy: Policy, key: str) -> None:
+        """The key was reset: its local state and debt go."""
+        self.debts.pop((policy.slots[0], key), None)
+        self.memory.execute(make_plan("reset", policy, key, 0, 1))
 
     def stats(self) -> dict[str, int]:
         """Local decisions made, and failures left to the limiter for want of a live count."""

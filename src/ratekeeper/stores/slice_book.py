@@ -22,11 +22,19 @@ the last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` unt
   up with exactly what was spent: nothing is lost for the window, nothing counted twice. The
   detached slice is not spent any more (the store may have taken it back).
 - **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
-  another thread installed meanwhile joins it; otherwise the older one is queued to be given
-  back). A rejection holds the key for its retry time, at least ``horizon_ms / 10`` and at most
-  ``horizon_ms`` (never past a fixed window's end): rejections meanwhile cost no store call,
-  and a give-back by another process is seen at most ``horizon_ms`` later; when other
-  processes held slices that could have covered the request, the hold is the shortest.
+  another thread installed meanwhile joins it; otherwise the one that ends first is queued to
+  be given back). A rejection holds the key for its retry time, at least ``horizon_ms / 10``
+  and at most ``horizon_ms`` (never past a fixed window's end): rejections meanwhile cost no
+  store call, and a give-back by another process is seen at most ``horizon_ms`` later; when
+  other processes held slices that could have covered the request, the hold is the shortest.
+  Replies can arrive out of order (threads, tasks): one from a call older than the reply
+  last applied (``seen``: the time of that call) answers its own request only, and never
+  overwrites what the key knows (``remaining``, ``reset_ms``, a hold).
+- **A changed rate** (``entry``, the same slot under another limit): the slice, taken under the
+  old rate, is detached as at a take and given back by the next one, which decides under the
+  new rate: the window keeps what was spent, the room grows by a raise and shrinks by a cut.
+- **Reset** (``drop``): the key is forgotten here, and its slices become the settles of the
+  reset's call (``slices``: ``Ask.reset``).
 - **False rejections** (an upper bound): a rejection is counted as possibly false when the
   store said other processes held, in live slices, at least what the request lacked (their
   unspent part is not known at that instant); the local rejections of the hold that follows
@@ -56,7 +64,7 @@ class Held:
     __slots__ = (
         "blocked", "debt", "debt_until", "demand", "granted", "ids", "key", "limit", "name",
         "pending", "policy", "rate", "remaining", "reset_ms", "retry_at", "retry_at_inf",
-        "since", "slot", "suspect", "takes", "unspent", "until", "used",
+        "seen", "since", "slot", "suspect", "takes", "unspent", "until", "used",
     )  # fmt: skip
 
     def __init__(self, slot: str, key: str, policy: Policy, now: int) -> None:
@@ -73,6 +81,8 @@ class Held:
         or -1 when not known: a failed call's)."""
         self.remaining = self.limit.capacity
         self.reset_ms = now
+        self.seen = 0
+        """When the call whose reply set ``remaining``, ``reset_ms`` and the hold was made."""
         self.blocked = self.retry_at = 0
         self.retry_at_inf = False
         self.suspect = False
@@ -130,14 +140,31 @@ class SliceBook:
         return f"{self._prefix}{next(self._ids):x}"
 
     def entry(self, slot: str, key: str, policy: Policy, now: int) -> Held:
-        """The key's ``Held``, made on first use."""
+        """The key's ``Held``, made on first use; restated under a changed rate (see the
+        module)."""
         h = self.held.get((slot, key))
         if h is None or h.policy is not policy:
             with self.lock:
                 h = self.held.get((slot, key))
-                if h is None or h.policy.limits[0] != policy.limits[0]:
+                if h is None:
                     h = self.held[(slot, key)] = Held(slot, key, policy, now)
+                elif h.policy is not policy:
+                    self._restate(h, policy, now)
         return h
+
+    def _restate(self, h: Held, policy: Policy, now: int) -> None:
+        """``h`` under ``policy``: a changed limit detaches the slice taken under the old one
+        (the next take gives it back) and lifts a hold; the lock is held."""
+        old, new = h.limit, policy.limits[0]
+        h.policy = policy
+        if new == old:
+            return
+        self._detach(h, now)
+        h.limit = new
+        room = h.remaining + new.capacity - old.capacity  # the store's, as the rate changes it
+        h.remaining = 0 if room < 0 else room if room < new.capacity else new.capacity
+        h.blocked = 0
+        h.suspect = False
 
     def spend(self, h: Held, now: int, cost: int) -> Outcome | None:
         """The hit answered here (see the module), or None: the store must be asked."""
@@ -149,7 +176,8 @@ class SliceBook:
                 h.demand += cost
                 h.used = now
                 self.counts.spent += 1
-                return new_outcome((True, h.remaining + h.unspent, h.reset_ms, 0.0))
+                reset = h.reset_ms if h.reset_ms > now else now  # never in the past
+                return new_outcome((True, h.remaining + h.unspent, reset, 0.0))
             if h.blocked > now and cost > h.remaining:  # a smaller cost may fit: ask
                 h.demand += cost
                 counts = self.counts
@@ -157,7 +185,8 @@ class SliceBook:
                 if h.suspect:
                     counts.false_rejections += 1
                 retry = INF if h.retry_at_inf else h.retry_at - now if h.retry_at > now else 0
-                return new_outcome((False, h.remaining, h.reset_ms, retry))
+                reset = h.reset_ms if h.reset_ms > now else now
+                return new_outcome((False, h.remaining, reset, retry))
             return None
         finally:
             lock.release()
@@ -247,15 +276,23 @@ class SliceBook:
                 counts.slices_returned += 1
                 counts.units_returned += taken.returned
             counts.debt_charged += taken.charged  # what found the key empty is dropped
-            h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
+            fresh = now >= h.seen  # else a reply overtaken by a newer one: its request's only
+            if fresh:
+                h.seen = now
+                h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
             if not granted:
-                return self._hold(h, now, cost, taken)
+                return self._hold(h, now, cost, taken, fresh)
             counts.slices_taken += 1
             counts.units_taken += granted
-            h.blocked = 0
-            h.suspect = False
-            h.used = now
-            if h.until > now and h.until != taken.expires_ms:  # another thread's slice
+            if h.until > taken.expires_ms and h.until > now:  # a live slice that ends later
+                h.pending[ask.slice_id] = (cost, taken.expires_ms, granted)  # back at the next
+                return new_outcome((True, taken.remaining, taken.reset_ms, 0.0))
+            if fresh:
+                h.blocked = 0
+                h.suspect = False
+            if now > h.used:
+                h.used = now
+            if h.until > now and h.until != taken.expires_ms:  # another thread's, ending first
                 unspent = h.unspent
                 self.settles.append(Settle(h, self._detach(h, now), unspent))
             if h.until == taken.expires_ms:
@@ -266,10 +303,14 @@ class SliceBook:
             h.ids.append((ask.slice_id, granted))
             return new_outcome((True, taken.remaining + h.unspent, taken.reset_ms, 0.0))
 
-    def _hold(self, h: Held, now: int, cost: int, taken: Taken) -> Outcome:
-        """A rejection: the key is answered here until ``blocked`` (see the module)."""
-        h.suspect = taken.held >= cost - taken.remaining
-        self.counts.false_rejections += h.suspect
+    def _hold(self, h: Held, now: int, cost: int, taken: Taken, fresh: bool) -> Outcome:
+        """A rejection: the key is answered here until ``blocked`` (see the module); a stale
+        one (not ``fresh``) answers its own request only."""
+        suspect = taken.held >= cost - taken.remaining
+        self.counts.false_rejections += suspect
+        if not fresh:
+            return new_outcome((False, taken.remaining, taken.reset_ms, taken.retry_ms))
+        h.suspect = suspect
         retry = taken.retry_ms
         shortest = self.horizon_ms // 10 or 1
         hold = self.horizon_ms if retry == INF else int(retry)
@@ -325,10 +366,20 @@ class SliceBook:
             h.unspent += cost
             return True
 
-    def peeked(self, slot: str, key: str, now: int, cost: int, taken: Taken) -> Outcome:
-        """A peek's answer: what the store has (a take with ``share=0``) plus the key's
-        unspent slice."""
+    def pending_settles(self, h: Held | None, now: int) -> Settles:
+        """The key's settles not confirmed yet (a peek carries them)."""
+        if h is None:
+            return ()
+        with self.lock:
+            return tuple((g, used) for g, (used, end, _) in h.pending.items() if end > now)
+
+    def peeked(self, slot: str, key: str, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
+        """A peek's answer: what the store has (a take with ``share=0``, carrying the key's
+        pending settles) plus the key's unspent slice."""
         h = self.held.get((slot, key))
+        if h is not None and ask.settles:
+            with self.lock:
+                self._confirm(h, ask)
         unspent = h.unspent if h is not None and h.until > now else 0
         remaining = taken.remaining + unspent
         if taken.retry_ms == 0 or unspent >= cost:
@@ -356,10 +407,15 @@ class SliceBook:
             self._confirm(h, ask)
             self.counts.debt_charged += taken.charged
 
-    def forget(self, slot: str, key: str) -> None:
-        """Drop the key's slice (its state was reset)."""
+    def drop(self, slot: str, key: str, now: int) -> Settles:
+        """Forget the key (a reset); its slices, live and pending, as the reset's settles."""
         with self.lock:
-            self.held.pop((slot, key), None)
+            h = self.held.pop((slot, key), None)
+            if h is None:
+                return ()
+            self.owers.discard(h)
+            live = [(grant, units) for grant, units in h.ids] if h.until > now else []
+            return (*live, *((g, used) for g, (used, _, _) in h.pending.items()))
 
     def trim(self, now: int, most: int) -> None:
         """Keep at most ``most`` keys: drop those holding nothing (no live slice, hold, debt
