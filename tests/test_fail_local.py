@@ -123,6 +123,32 @@ def test_recovery_hands_out_no_second_share(fresh_redis: RedisServer, key_sliced
     assert window == before + local + max(0, 100 - before - local)
 
 
+def test_the_live_count_survives_an_outage(fresh_redis: RedisServer) -> None:
+    """Nobody can beat while Redis is stopped, so every member expires there: the first beat
+    after it is back counts one process. The count heard before stays the least for three
+    beats (the time every live process takes to beat again), then a process gone drops out."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    limiters = pair(fresh_redis, clock, mono)
+    for lim in limiters * 2:  # both register, then both see two live processes
+        lim.store.maintain()  # type: ignore[attr-defined]
+        clock.advance(0.05)
+    assert [lim.store.live for lim in limiters] == [2, 2]  # type: ignore[attr-defined]
+    first = limiters[0].store
+    fresh_redis.pause()
+    try:
+        clock.advance(1.0)  # ten beats: every member expires in the store
+        with pytest.raises(StoreUnavailable):
+            first.maintain()  # type: ignore[attr-defined]
+    finally:
+        fresh_redis.resume()
+    first.maintain()  # type: ignore[attr-defined]  # the store counts one: itself
+    assert first.live == 2  # type: ignore[attr-defined]  # not a share of the whole limit
+    for _ in range(3):  # the other never beats again: it is gone
+        clock.advance(0.1)
+        first.maintain()  # type: ignore[attr-defined]
+    assert first.live == 1  # type: ignore[attr-defined]
+
+
 def test_without_a_live_count_the_limiter_fails_open_or_closed(fresh_redis: RedisServer) -> None:
     clock, mono = ManualClock(START), ManualClock(0)
     fresh_redis.pause()

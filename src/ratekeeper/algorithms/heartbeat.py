@@ -8,6 +8,12 @@ when the store is unreachable (fail-local).
 
 Members are {process id: expires_ms}; the Lua twin (``lua/heartbeat.lua``) keeps them in a
 sorted set scored by expiry, with a relative TTL a second past the latest expiry.
+
+``LiveCount`` is what one process takes the count to be. While the store cannot be reached
+nobody beats, so every member expires there: the first beats after the store is back count
+only the processes that have beaten again. So after a gap (a failed beat, or none for three
+beats) the count heard before it stays the least for three beats, the time every live process
+takes to register again; a process that is really gone drops out after that.
 """
 
 from __future__ import annotations
@@ -31,3 +37,30 @@ def beat(
 def expires(members: Members) -> int:
     """When the members stop mattering: the latest expiry (0 for none)."""
     return max(members.values(), default=0)
+
+
+class LiveCount:
+    """One process's view of the live count (see the module); ``value`` is None until a
+    beat has answered."""
+
+    __slots__ = ("beat_ms", "floor", "last", "since", "value")
+
+    def __init__(self, beat_ms: int) -> None:
+        self.beat_ms = beat_ms
+        self.value: int | None = None
+        self.floor = 0
+        self.since = self.last = -(10**15)
+
+    def heard(self, now_ms: int, count: int) -> int:
+        """A beat at ``now_ms`` answered ``count``; the live count to use."""
+        window = 3 * self.beat_ms
+        if now_ms - self.last > window:  # a gap: the members may have expired meanwhile
+            self.floor, self.since = self.value or 0, now_ms
+        self.last = now_ms
+        count = max(1, count)
+        self.value = self.floor if now_ms - self.since < window and count < self.floor else count
+        return self.value
+
+    def lost(self) -> None:
+        """A beat failed: the next answer starts after a gap."""
+        self.last = -(10**15)

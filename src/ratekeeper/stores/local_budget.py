@@ -43,6 +43,7 @@ from collections.abc import Callable, Collection, Generator
 from typing import Any
 
 from ..algorithms.base import COUNT_REJECTED, Outcome
+from ..algorithms.heartbeat import LiveCount
 from ..algorithms.slices import SLICED, Ask, Taken
 from ..clock import Clock
 from ..errors import ConfigError, StoreUnavailable
@@ -164,7 +165,8 @@ class LocalBudget:
         self.fail = FailLocal(max_keys) if fail_local else None
         self.processes = processes
         self.live: int | None = None
-        """Processes sharing the store, as the last heartbeat counted."""
+        """Processes sharing the store, as the heartbeats count them (``heartbeat.LiveCount``)."""
+        self._live = LiveCount(self._beat_ms)
         self.clock = clock
         self._sliced: dict[int, tuple[Policy, bool]] = {}
         self._refused: set[tuple[object, ...]] = set()
@@ -200,6 +202,7 @@ class LocalBudget:
             self.fail = FailLocal(self._max_keys)
         self.upkeep_errors = 0
         self._due = 0
+        self._live.lost()  # its first beats may not count everyone yet
         self._new_process()
 
     # ------------------------------------------------------------ the limiters' capabilities
@@ -412,10 +415,11 @@ class LocalBudget:
         self._due = now + self._beat_ms
         try:
             live = yield ("beat", (self.process, now, now + 3 * self._beat_ms))
-            self.live = max(1, int(live))
+            self.live = self._live.heard(now, int(live))
             for settle in self.book.idle(now, self._idle_ms, 64):
                 yield from self._give(settle, now)
         except StoreUnavailable as exc:
+            self._live.lost()
             if force:  # maintain() reports it
                 raise
             # the plan's own call says whether its store answers (the heartbeat's key may be
