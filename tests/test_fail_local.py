@@ -10,6 +10,8 @@ limiter's own fail_open decides. The shares per algorithm, and the seeding, are 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -22,9 +24,11 @@ from ratekeeper import (
     Shard,
     ShardedRedisStore,
 )
+from ratekeeper.algorithms import slices
 from ratekeeper.errors import StoreUnavailable
 from ratekeeper.plan import make_policy
 from ratekeeper.stores.fail_local import seed, share_policy
+from ratekeeper.stores.slice_calls import SliceCall
 from tests.redis_servers import RedisServer
 
 START = 1_700_000_000.0
@@ -338,3 +342,62 @@ def test_concurrent_calls_charge_a_debt_once(fresh_redis: RedisServer) -> None:
         return remaining
 
     assert asyncio.run(main()) == 5  # 10 - the 5 owed, charged once
+
+
+def test_one_slow_reply_is_not_an_outage(fresh_redis: RedisServer) -> None:
+    """A take whose reply is late (a loaded machine, a cold connection) is sent again at once:
+    a slice call is safe to send twice (the second gives back what the first may have
+    granted), so one slow reply costs that request a second wait, not a trip into fail-local
+    at a share of the limit, and the breaker never hears of it."""
+    clock = ManualClock(START)
+    store = RedisStore(fresh_redis.url, socket_timeout=0.25)
+    budget = LocalBudget(store, clock=clock)
+    limiter = Limiter(budget, clock=clock, fail_open=False)
+    assert limiter.hit("warm", "100/minute").allowed  # connected, scripts loaded, registered
+
+    def resume_at_the_second_try() -> None:
+        deadline = time.monotonic() + 30
+        while budget.retries == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        fresh_redis.resume()
+
+    fresh_redis.pause()
+    helper = threading.Thread(target=resume_at_the_second_try)
+    helper.start()
+    try:
+        d = limiter.hit("k", "100/minute")  # its take: the first try times out
+    finally:
+        helper.join()
+        fresh_redis.resume()
+    assert d.allowed and not d.degraded
+    assert budget.stats()["retries"] == 1
+    assert limiter.stats()["store_errors"] == 0 and limiter.stats()["fail_local"] == 0
+    admitted = 1 + sum(limiter.hit("k", "100/minute").allowed for _ in range(200))
+    assert admitted == 100  # whatever the first try did, the window is whole
+
+
+def test_a_failed_take_that_runs_late_is_still_given_back(redis_url: str) -> None:
+    """A failed call may run after the next one (left in a stalled server's buffer, it runs
+    when the server resumes, in any order): its slice's id rides along with the key's calls,
+    so a late grant is given back by the next call after it."""
+    clock = ManualClock(START)
+    budget = LocalBudget(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_local=False)
+    limiter = Limiter(budget, clock=clock, fail_open=False)
+    take, late = budget.slicer.take, []
+
+    def fail_twice(call: SliceCall) -> slices.Taken:
+        if len(late) < 2 and call.key == "k":
+            late.append(call)  # sent, not yet run
+            raise StoreUnavailable("timed out")
+        return take(call)
+
+    budget.slicer.take = fail_twice  # type: ignore[method-assign]
+    while len(late) < 2:  # two tries fail (one request, sent again at once)
+        with pytest.raises(StoreUnavailable):
+            limiter.hit("k", "100/minute")
+    admitted = sum(limiter.hit("k", "100/minute").allowed for _ in range(10))
+    for call in late:  # the stalled server resumes: the two tries run after the next call
+        take(call)
+    clock.advance(0.001)
+    admitted += sum(limiter.hit("k", "100/minute").allowed for _ in range(300))
+    assert admitted == 100  # their grants came back: the window is whole

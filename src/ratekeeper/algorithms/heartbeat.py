@@ -11,9 +11,10 @@ sorted set scored by expiry, with a relative TTL a second past the latest expiry
 
 ``LiveCount`` is what one process takes the count to be. While the store cannot be reached
 nobody beats, so every member expires there: the first beats after the store is back count
-only the processes that have beaten again. So after a gap (a failed beat, or none for three
-beats) the count heard before it stays the least for three beats, the time every live process
-takes to register again; a process that is really gone drops out after that.
+only the processes that have beaten again. So after a failure (a beat, or any call the
+process could not make) the count heard before it stays the least for three beats, the time
+every live process takes to register again; a process that is really gone drops out after
+that.
 """
 
 from __future__ import annotations
@@ -43,24 +44,23 @@ class LiveCount:
     """One process's view of the live count (see the module); ``value`` is None until a
     beat has answered."""
 
-    __slots__ = ("beat_ms", "floor", "last", "since", "value")
+    __slots__ = ("beat_ms", "floor", "gap", "since", "value")
 
     def __init__(self, beat_ms: int) -> None:
         self.beat_ms = beat_ms
         self.value: int | None = None
-        self.floor = 0
-        self.since = self.last = -(10**15)
+        self.floor = self.since = 0
+        self.gap = False
 
     def heard(self, now_ms: int, count: int) -> int:
         """A beat at ``now_ms`` answered ``count``; the live count to use."""
-        window = 3 * self.beat_ms
-        if now_ms - self.last > window:  # a gap: the members may have expired meanwhile
-            self.floor, self.since = self.value or 0, now_ms
-        self.last = now_ms
+        if self.gap:  # the first answer after a failed beat: members may have expired
+            self.floor, self.since, self.gap = self.value or 0, now_ms, False
         count = max(1, count)
-        self.value = self.floor if now_ms - self.since < window and count < self.floor else count
+        held = now_ms - self.since < 3 * self.beat_ms and count < self.floor
+        self.value = self.floor if held else count
         return self.value
 
     def lost(self) -> None:
-        """A beat failed: the next answer starts after a gap."""
-        self.last = -(10**15)
+        """A call failed (or the process forked): the next answers may count too few."""
+        self.gap = True

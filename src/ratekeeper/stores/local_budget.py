@@ -173,6 +173,8 @@ class LocalBudget:
         """The limits chosen for slices that cannot take them (each logged once)."""
         self.upkeep_errors = 0
         """Heartbeats and give-backs that failed while the plan's own call could go on."""
+        self.retries = 0
+        """Takes sent again at once after a failure (see ``_steps``)."""
         self._due = 0
         self._new_process()
         _BUDGETS.add(self)
@@ -200,7 +202,7 @@ class LocalBudget:
         self.book = SliceBook(self.book.horizon_ms, self.book.max_slice, self._epoch_ms)
         if self.fail is not None:
             self.fail = FailLocal(self._max_keys)
-        self.upkeep_errors = 0
+        self.upkeep_errors = self.retries = 0
         self._due = 0
         self._live.lost()  # its first beats may not count everyone yet
         self._new_process()
@@ -237,6 +239,7 @@ class LocalBudget:
             self.forked()
             fail = self.fail
             assert fail is not None
+        self._live.lost()  # nobody may be beating: the next count may be too low
         live = self.live or self.processes
         policy = plan.policy
         sliced = self._is_sliced(policy)
@@ -304,6 +307,7 @@ class LocalBudget:
             "debt_charged": c.debt_charged,
             "unsliced": len(self._refused),
             "upkeep_errors": self.upkeep_errors,
+            "retries": self.retries,
             "keys": len(self.book.held),
             "live": self.live,
         }
@@ -383,8 +387,14 @@ class LocalBudget:
                 try:
                     taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
                 except StoreUnavailable:
-                    book.failed(h, ask, now)  # settled at the next call, whatever happened
-                    raise
+                    book.failed(h, ask, now)  # settled by the next call, whatever happened
+                    self.retries += 1  # once, at once: one slow reply is not an outage
+                    ask = book.ask(h, now, plan.cost, self._share(), again=True)
+                    try:
+                        taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
+                    except StoreUnavailable:
+                        book.failed(h, ask, now)
+                        raise
                 outcome = book.install(h, now, plan.cost, taken, ask)
             return (outcome,)
         name, limit = policy.algorithm.NAME, policy.limits[0]

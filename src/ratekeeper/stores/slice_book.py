@@ -20,7 +20,13 @@ the last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` unt
   pending, and the slice it asked for is added as a settle of nothing spent; the next call
   sends them again. Settles are idempotent (``slices``), so whatever happened, the store ends
   up with exactly what was spent: nothing is lost for the window, nothing counted twice. The
-  detached slice is not spent any more (the store may have taken it back).
+  detached slice is not spent any more (the store may have taken it back). That is also why
+  a failed take may be sent again at once (``local_budget`` does, once): the second carries
+  the first's settles. A failed call may even run after a later one (a command left in a
+  stalled server's buffer runs when it resumes, in any order with the others): so the id of
+  a slice asked for by a failed call keeps riding along with the key's calls until that slice
+  would have ended (``RIDING``; at most ``RIDERS`` a key), and a late grant is given back by
+  the next call after it.
 - **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
   another thread installed meanwhile joins it; otherwise the one that ends first is queued to
   be given back). A rejection holds the key for its retry time, at least ``horizon_ms / 10``
@@ -56,6 +62,11 @@ from ..plan import Policy
 
 Settles = tuple[tuple[str, int], ...]
 """(grant id, units spent of it)."""
+FAILED = -1
+"""``Held.pending``'s units of a slice asked for by a failed call (not known to have run)."""
+RIDING = -2
+"""... once a call carrying its settle has answered: it rides along until it ends."""
+RIDERS = 16
 
 
 class Held:
@@ -77,8 +88,8 @@ class Held:
         self.ids: list[tuple[str, int]] = []
         """The grants the live slice is made of: (id, units)."""
         self.pending: dict[str, tuple[int, int, int]] = {}
-        """Settles not confirmed by the store: grant id -> (units spent, until, units granted
-        or -1 when not known: a failed call's)."""
+        """Settles not confirmed by the store: grant id -> (units spent, until, units granted,
+        or ``FAILED``/``RIDING`` for a failed call's)."""
         self.remaining = self.limit.capacity
         self.reset_ms = now
         self.seen = 0
@@ -191,17 +202,19 @@ class SliceBook:
         finally:
             lock.release()
 
-    def ask(self, h: Held, now: int, cost: int, share: int) -> Ask:
-        """The next take for ``h``'s key: its slice detached and settled by it (see the module)."""
+    def ask(self, h: Held, now: int, cost: int, share: int, again: bool = False) -> Ask:
+        """The next take for ``h``'s key: its slice detached and settled by it (see the
+        module); ``again``: the same request's second try (its demand is counted once)."""
         with self.lock:
-            h.demand += cost
-            elapsed = now - h.since
-            if h.takes:  # the demand since the last take, per ms, averaged with the last
-                rate = h.demand / (elapsed if elapsed > 0 else 1)
-                h.rate = rate if h.takes == 1 else (h.rate + rate) / 2
-            h.takes += 1
-            h.demand = 0
-            h.since = now
+            if not again:
+                h.demand += cost
+                elapsed = now - h.since
+                if h.takes:  # the demand since the last take, per ms, averaged with the last
+                    rate = h.demand / (elapsed if elapsed > 0 else 1)
+                    h.rate = rate if h.takes == 1 else (h.rate + rate) / 2
+                h.takes += 1
+                h.demand = 0
+                h.since = now
             want = int(h.rate * self.horizon_ms + 0.5)  # the first take: the cost alone
             want = min(self.max_slice, want) if want > cost else cost
             settles = self._detach(h, now)
@@ -243,8 +256,8 @@ class SliceBook:
         or a reservation that caps a bucket (a fully spent fixed_window slice gives nothing
         back, and what it holds ends with its window: its settle rides in the next take)."""
         if h.name != "fixed_window":
-            return bool(h.pending)
-        return any(used < units or units < 0 for used, _, units in h.pending.values())
+            return any(units != RIDING for _, _, units in h.pending.values())
+        return any(used < units or units == FAILED for used, _, units in h.pending.values())
 
     def failed(self, h: Held, ask: Ask, now: int) -> None:
         """A call carrying ``ask`` failed: its settles stay pending, the slice it asked for
@@ -260,11 +273,24 @@ class SliceBook:
                 until = h.reset_ms if h.reset_ms > now else now + h.limit.period_ms
             else:
                 until = (now // self.epoch_ms + 2) * self.epoch_ms
-            h.pending[ask.slice_id] = (0, until, -1)
+            h.pending[ask.slice_id] = (0, until, FAILED)
 
     def _confirm(self, h: Held, ask: Ask) -> None:
-        for grant, _ in ask.settles:
-            h.pending.pop(grant, None)
+        self._answered(h, ask.settles)
+
+    def _answered(self, h: Held, settles: Settles) -> None:
+        """A call carrying ``settles`` answered: they are forgotten, but a failed call's
+        rides along (see the module); the lock is held."""
+        pending = h.pending
+        for grant, _ in settles:
+            entry = pending.get(grant)
+            if entry is not None and entry[2] < 0:
+                pending[grant] = (0, entry[1], RIDING)
+            elif entry is not None:
+                del pending[grant]
+        riders = [g for g, (_, _, units) in pending.items() if units == RIDING]
+        for grant in riders[: len(riders) - RIDERS]:  # the oldest first
+            del pending[grant]
 
     def install(self, h: Held, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
         """The take's answer applied (see the module); the request's outcome."""
@@ -341,7 +367,8 @@ class SliceBook:
                     settles = tuple((g, used) for g, (used, _, _) in h.pending.items())
                     out.append(Settle(h, settles, unspent))
                 elif settles:  # spent fixed_window slices only: forgotten here, no call
-                    h.pending.clear()
+                    for grant in [g for g, (_, _, u) in h.pending.items() if u != RIDING]:
+                        del h.pending[grant]
             return out
 
     def give_all(self, now: int) -> list[Settle]:
@@ -351,8 +378,7 @@ class SliceBook:
     def settled(self, s: Settle, taken: Taken) -> None:
         """A give-back answered."""
         with self.lock:
-            for grant, _ in s.settles:
-                s.held.pending.pop(grant, None)
+            self._answered(s.held, s.settles)
             self.counts.slices_returned += 1
             self.counts.units_returned += taken.returned
             self.counts.units_expired += max(0, s.unspent - taken.returned)
@@ -424,7 +450,8 @@ class SliceBook:
             if len(self.held) <= most:
                 return
             for k, h in list(self.held.items()):
-                if h.until <= now and h.blocked <= now and not h.debt and not h.pending:
+                ended = all(end <= now for _, end, _ in h.pending.values())
+                if h.until <= now and h.blocked <= now and not h.debt and ended:
                     self.counts.units_expired += h.unspent if h.until else 0
                     del self.held[k]
                     if len(self.held) <= most * 3 // 4:
