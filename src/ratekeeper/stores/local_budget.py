@@ -24,7 +24,10 @@ fail-local share) and gives back slices unused for ``idle`` seconds. ``maintain(
 on demand (call it from a timer in a process that may go quiet); ``close()`` gives every
 slice back and leaves the count (call it at shutdown: a killed process loses its slices
 until they end). The calls of a plan are written once, as a generator (``_steps``), driven by
-``execute`` and ``execute_async``.
+``execute`` and ``execute_async``. A take that fails is sent again once, at once (its settles
+make that safe): one slow reply is not an outage. A ``reset`` is one take with
+``Ask.reset``: this process's slices forgotten, the others' kept counted. A forked child
+drops what it inherited (``forked``, from ``os.register_at_fork``).
 
 The wrapped store's ``partition`` (one breaker per shard), ``ping`` and ``ping_async`` are
 passed through when it has them.
