@@ -27,7 +27,7 @@ until they end). The calls of a plan are written once, as a generator (``_steps`
 ``execute`` and ``execute_async``. A take that fails is sent again once, at once (its settles
 make that safe): one slow reply is not an outage. A ``reset`` is one take with
 ``Ask.reset``: this process's slices forgotten, the others' kept counted. A forked child
-drops what it inherited (``forked``, from ``os.register_at_fork``).
+drops what it inherited (``_after_fork``, from ``os.register_at_fork``).
 
 The wrapped store's ``partition`` (one breaker per shard), ``ping`` and ``ping_async`` are
 passed through when it has them.
@@ -74,7 +74,7 @@ _BUDGETS: weakref.WeakSet[LocalBudget] = weakref.WeakSet()
 
 def _forked() -> None:
     for budget in list(_BUDGETS):
-        budget.forked()
+        budget._after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; elsewhere the pid check of ``_steps`` alone
@@ -197,7 +197,7 @@ class LocalBudget:
         self._pid = os.getpid()
         self.process = f"{socket.gethostname()}:{self._pid}:{secrets.token_hex(4)}"
 
-    def forked(self) -> None:
+    def _after_fork(self) -> None:
         """In a forked child (called by ``os.register_at_fork``, else at the next store call):
         the parent's slices, pending settles, debts and fail-local state are the parent's to
         spend and give back. Dropped here unspent, so no unit is spent twice or returned
@@ -239,7 +239,7 @@ class LocalBudget:
         if fail is None:
             return None
         if os.getpid() != self._pid:
-            self.forked()
+            self._after_fork()
             fail = self.fail
             assert fail is not None
         self._live.lost()  # nobody may be beating: the next count may be too low
@@ -372,7 +372,7 @@ class LocalBudget:
 
     def _steps(self, plan: Plan) -> Steps:
         if os.getpid() != self._pid:  # a fork the hook did not see
-            self.forked()
+            self._after_fork()
         now = plan.now_ms
         policy = plan.policy
         if self.fail is not None and self.fail.active:
@@ -422,7 +422,7 @@ class LocalBudget:
 
     def _upkeep(self, now: int, force: bool = False) -> Steps:
         if os.getpid() != self._pid:  # maintain() in a fork the hook did not see
-            self.forked()
+            self._after_fork()
         if not force and now < self._due:
             return
         self._due = now + self._beat_ms
