@@ -143,12 +143,13 @@ def test_a_stale_reply_never_overwrites_a_newer_slice(backend: Backend) -> None:
     limiter = AsyncLimiter(budget, clock=clock, fail_open=False)
     rate = "10/second"
     take = budget.slicer.take_async
-    late = asyncio.Event()
+    ran, late = asyncio.Event(), asyncio.Event()
     stale: list[int] = []
 
     async def delayed(call: SliceCall) -> slices.Taken:
         taken = await take(call)  # run at once: the store decides it in its own window
         if call.now_ms in stale:
+            ran.set()
             await late.wait()  # but its reply is late
         return taken
 
@@ -159,7 +160,7 @@ def test_a_stale_reply_never_overwrites_a_newer_slice(backend: Backend) -> None:
             assert (await limiter.hit("k", rate, aligned=True)).allowed
         stale.append(int(clock() * 1000 + 0.5))
         first = asyncio.ensure_future(limiter.hit("k", rate, aligned=True))  # W: rejected
-        await asyncio.sleep(0.05)
+        await ran.wait()
         clock.advance(1.0)  # window W+1
         newer = [await limiter.hit("k", rate, aligned=True) for _ in range(3)]
         late.set()
