@@ -350,7 +350,7 @@ def test_one_slow_reply_is_not_an_outage(fresh_redis: RedisServer) -> None:
     granted), so one slow reply costs that request a second wait, not a trip into fail-local
     at a share of the limit, and the breaker never hears of it."""
     clock = ManualClock(START)
-    store = RedisStore(fresh_redis.url, socket_timeout=0.25)
+    store = RedisStore(fresh_redis.url, socket_timeout=1.0)  # the second try's margin
     budget = LocalBudget(store, clock=clock)
     limiter = Limiter(budget, clock=clock, fail_open=False)
     assert limiter.hit("warm", "100/minute").allowed  # connected, scripts loaded, registered
