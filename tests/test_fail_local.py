@@ -127,6 +127,38 @@ def test_recovery_hands_out_no_second_share(fresh_redis: RedisServer, key_sliced
     assert window == before + local + max(0, 100 - before - local)
 
 
+def test_a_second_outage_starts_from_what_the_store_said_last(fresh_redis: RedisServer) -> None:
+    """The local state kept after an outage never gives more room than the store's last word:
+    A admitted a little locally, the store came back and B spent the rest; in a second
+    outage in the same window A starts from what the store then said was left (nothing),
+    not from the room its first outage left it."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    a, b = pair(fresh_redis, clock, mono)
+    for lim in (a, b) * 2:
+        lim.hit("warm", "100/minute")
+        clock.advance(0.15)
+    fresh_redis.pause()
+    try:
+        first = sum(a.hit("k", "100/minute").allowed for _ in range(10))
+    finally:
+        fresh_redis.resume()
+    assert first == 10
+    fresh_redis.client(socket_timeout=5).ping()
+    mono.advance(60)
+    a.store.maintain()  # type: ignore[attr-defined]
+    while b.hit("k", "100/minute").allowed:
+        pass
+    assert not a.hit("k", "100/minute").allowed  # the store says: nothing left
+    clock.advance(0.05)  # past the rejection's hold, in the same window
+    fresh_redis.pause()
+    try:
+        second = sum(a.hit("k", "100/minute").allowed for _ in range(60))
+    finally:
+        fresh_redis.resume()
+    assert second == 0
+    assert a.stats()["fail_local"] > 0  # decided locally, not held from the rejection
+
+
 def test_the_live_count_survives_an_outage(fresh_redis: RedisServer) -> None:
     """Nobody can beat while Redis is stopped, so every member expires there: the first beat
     after it is back counts one process. The count heard before stays the least for three

@@ -11,7 +11,9 @@ the last heartbeat answered, or ``processes`` before any), and the answers are m
   ``live`` exactly (the same count per ``live`` periods) with ``burst // live`` (at least 1).
 - **The window in progress**: a sliced key starts from what this process last heard from the
   store: its share of what the store had left (``remaining // live``), in the store's window
-  (fixed_window) or as the bucket's level; any other key starts with a full share.
+  (fixed_window) or as the bucket's level, unless what it admitted here earlier (in this
+  outage, or an earlier one whose state has not ended) leaves it less; any other key starts
+  with a full share.
 - **Debt**: every unit admitted here is remembered per key until its local state stops
   mattering (``Debt``; at most ``max_keys`` of them), and charged to the store when it answers
   again, never past empty: a key's own debt before anything is decided for it from the store
@@ -145,11 +147,16 @@ class FailLocal:
         if state is None:
             return
 
+        limit, peek = policy.limits[0], policy.algorithm.step
+
         def change(states: list[object]) -> tuple[None, list[tuple[int, object]] | None]:
-            if states[0] is not None:  # seeded already in this outage
-                return None, None
-            expires = policy.algorithm.expires_ms(state, policy.limits[0])
-            return None, [(expires, state)]
+            old = states[0]  # seeded already, or what was admitted here in an earlier outage
+            if old is not None and (
+                peek(old, limit, plan.now_ms, 1, False)[0].remaining
+                <= peek(state, limit, plan.now_ms, 1, False)[0].remaining
+            ):
+                return None, None  # the state with less room stays
+            return None, [(policy.algorithm.expires_ms(state, limit), state)]
 
         self.memory.transact([(slot, plan.key)], plan.now_ms, change)
 
