@@ -10,6 +10,8 @@ limiter's own fail_open decides. The shares per algorithm, and the seeding, are 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -22,9 +24,11 @@ from ratekeeper import (
     Shard,
     ShardedRedisStore,
 )
+from ratekeeper.algorithms import slices
 from ratekeeper.errors import StoreUnavailable
 from ratekeeper.plan import make_policy
 from ratekeeper.stores.fail_local import seed, share_policy
+from ratekeeper.stores.slice_calls import SliceCall
 from tests.redis_servers import RedisServer
 
 START = 1_700_000_000.0
@@ -87,6 +91,98 @@ def test_a_stopped_store_is_decided_at_each_share_and_charged_on_return(
     assert after == max(0, 100 - before - sum(local))
     if key_sliced:
         assert sum(lim.store.stats()["debt_charged"] for lim in limiters) > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("key_sliced", [True, False])
+def test_recovery_hands_out_no_second_share(fresh_redis: RedisServer, key_sliced: bool) -> None:
+    """Redis back and ``maintain()`` called on both (as from a timer) while the limiters'
+    breakers still cool down: their local decisions go on from what they admitted in the
+    outage, not from a fresh share, so the window stays within the documented bound."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    rate = "100/minute"
+    limiters = pair(fresh_redis, clock, mono, sliced="all" if key_sliced else ["1/second"])
+    for lim in limiters * 2:
+        lim.hit("warm", rate)
+        clock.advance(0.15)
+    before = sum(limiters[i % 2].hit("k", rate).allowed for i in range(60))
+    fresh_redis.pause()
+    try:
+        local = 0
+        for i in range(200):
+            local += limiters[i % 2].hit("k", rate).allowed
+            mono.advance(0.01)
+    finally:
+        fresh_redis.resume()
+    fresh_redis.client(socket_timeout=5).ping()
+    for lim in limiters:
+        lim.store.maintain()  # type: ignore[attr-defined]  # debts charged: the store answers
+        assert lim.stats()["breaker"] == "open"  # still cooling down: decided locally
+    cooling = [limiters[i % 2].hit("k", rate) for i in range(200)]
+    assert all(d.degraded for d in cooling)
+    mono.advance(60)
+    after = sum(limiters[i % 2].hit("k", rate).allowed for i in range(200))
+    window = before + local + sum(d.allowed for d in cooling) + after
+    assert sum(d.allowed for d in cooling) == 0  # the shares were spent in the outage
+    assert window <= 2 * 100  # the documented bound of the window the store was lost in
+    assert window == before + local + max(0, 100 - before - local)
+
+
+def test_a_second_outage_starts_from_what_the_store_said_last(fresh_redis: RedisServer) -> None:
+    """The local state kept after an outage never gives more room than the store's last word:
+    A admitted a little locally, the store came back and B spent the rest; in a second
+    outage in the same window A starts from what the store then said was left (nothing),
+    not from the room its first outage left it."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    a, b = pair(fresh_redis, clock, mono)
+    for lim in (a, b) * 2:
+        lim.hit("warm", "100/minute")
+        clock.advance(0.15)
+    fresh_redis.pause()
+    try:
+        first = sum(a.hit("k", "100/minute").allowed for _ in range(10))
+    finally:
+        fresh_redis.resume()
+    assert first == 10
+    fresh_redis.client(socket_timeout=5).ping()
+    mono.advance(60)
+    a.store.maintain()  # type: ignore[attr-defined]
+    while b.hit("k", "100/minute").allowed:
+        pass
+    assert not a.hit("k", "100/minute").allowed  # the store says: nothing left
+    clock.advance(0.05)  # past the rejection's hold, in the same window
+    fresh_redis.pause()
+    try:
+        second = sum(a.hit("k", "100/minute").allowed for _ in range(60))
+    finally:
+        fresh_redis.resume()
+    assert second == 0
+    assert a.stats()["fail_local"] > 0  # decided locally, not held from the rejection
+
+
+def test_the_live_count_survives_an_outage(fresh_redis: RedisServer) -> None:
+    """Nobody can beat while Redis is stopped, so every member expires there: the first beat
+    after it is back counts one process. The count heard before stays the least for three
+    beats (the time every live process takes to beat again), then a process gone drops out."""
+    clock, mono = ManualClock(START), ManualClock(0)
+    limiters = pair(fresh_redis, clock, mono)
+    for lim in limiters * 2:  # both register, then both see two live processes
+        lim.store.maintain()  # type: ignore[attr-defined]
+        clock.advance(0.05)
+    assert [lim.store.live for lim in limiters] == [2, 2]  # type: ignore[attr-defined]
+    first = limiters[0].store
+    fresh_redis.pause()
+    try:
+        clock.advance(1.0)  # ten beats: every member expires in the store
+        with pytest.raises(StoreUnavailable):
+            first.maintain()  # type: ignore[attr-defined]
+    finally:
+        fresh_redis.resume()
+    first.maintain()  # type: ignore[attr-defined]  # the store counts one: itself
+    assert first.live == 2  # type: ignore[attr-defined]  # not a share of the whole limit
+    for _ in range(3):  # the other never beats again: it is gone
+        clock.advance(0.1)
+        first.maintain()  # type: ignore[attr-defined]
+    assert first.live == 1  # type: ignore[attr-defined]
 
 
 def test_without_a_live_count_the_limiter_fails_open_or_closed(fresh_redis: RedisServer) -> None:
@@ -278,3 +374,62 @@ def test_concurrent_calls_charge_a_debt_once(fresh_redis: RedisServer) -> None:
         return remaining
 
     assert asyncio.run(main()) == 5  # 10 - the 5 owed, charged once
+
+
+def test_one_slow_reply_is_not_an_outage(fresh_redis: RedisServer) -> None:
+    """A take whose reply is late (a loaded machine, a cold connection) is sent again at once:
+    a slice call is safe to send twice (the second gives back what the first may have
+    granted), so one slow reply costs that request a second wait, not a trip into fail-local
+    at a share of the limit, and the breaker never hears of it."""
+    clock = ManualClock(START)
+    store = RedisStore(fresh_redis.url, socket_timeout=1.0)  # the second try's margin
+    budget = LocalBudget(store, clock=clock)
+    limiter = Limiter(budget, clock=clock, fail_open=False)
+    assert limiter.hit("warm", "100/minute").allowed  # connected, scripts loaded, registered
+
+    def resume_at_the_second_try() -> None:
+        deadline = time.monotonic() + 30
+        while budget.retries == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        fresh_redis.resume()
+
+    fresh_redis.pause()
+    helper = threading.Thread(target=resume_at_the_second_try)
+    helper.start()
+    try:
+        d = limiter.hit("k", "100/minute")  # its take: the first try times out
+    finally:
+        helper.join()
+        fresh_redis.resume()
+    assert d.allowed and not d.degraded
+    assert budget.stats()["retries"] == 1
+    assert limiter.stats()["store_errors"] == 0 and limiter.stats()["fail_local"] == 0
+    admitted = 1 + sum(limiter.hit("k", "100/minute").allowed for _ in range(200))
+    assert admitted == 100  # whatever the first try did, the window is whole
+
+
+def test_a_failed_take_that_runs_late_is_still_given_back(redis_url: str) -> None:
+    """A failed call may run after the next one (left in a stalled server's buffer, it runs
+    when the server resumes, in any order): its slice's id rides along with the key's calls,
+    so a late grant is given back by the next call after it."""
+    clock = ManualClock(START)
+    budget = LocalBudget(RedisStore(redis_url, socket_timeout=5), clock=clock, fail_local=False)
+    limiter = Limiter(budget, clock=clock, fail_open=False)
+    take, late = budget.slicer.take, []
+
+    def fail_twice(call: SliceCall) -> slices.Taken:
+        if len(late) < 2 and call.key == "k":
+            late.append(call)  # sent, not yet run
+            raise StoreUnavailable("timed out")
+        return take(call)
+
+    budget.slicer.take = fail_twice  # type: ignore[method-assign]
+    while len(late) < 2:  # two tries fail (one request, sent again at once)
+        with pytest.raises(StoreUnavailable):
+            limiter.hit("k", "100/minute")
+    admitted = sum(limiter.hit("k", "100/minute").allowed for _ in range(10))
+    for call in late:  # the stalled server resumes: the two tries run after the next call
+        take(call)
+    clock.advance(0.001)
+    admitted += sum(limiter.hit("k", "100/minute").allowed for _ in range(300))
+    assert admitted == 100  # their grants came back: the window is whole

@@ -48,7 +48,9 @@ steps = st.builds(
     Step,
     advance_ms=st.one_of(st.just(0), st.integers(0, 50), st.integers(0, 3_000)),
     key=st.sampled_from(KEYS),
-    op=st.sampled_from(["take", "take", "take", "take", "hit", "peek", "give"]),
+    op=st.sampled_from(
+        ["take", "take", "take", "take", "hit", "peek", "give", "reset", "plain_reset"]
+    ),
     process=st.integers(0, 2),
     need=st.sampled_from([0, 1, 1, 1, 2, 5]),
     want=st.integers(0, 40),
@@ -85,6 +87,10 @@ def test_lua_takes_like_python(redis_backend: Backend, algorithm: str, data: st.
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         now = int(clock() * 1000 + 0.5)
+        if step.op == "plain_reset":  # the state deleted, the reservation kept
+            for _, lim in pairs:
+                lim.reset(step.key, rate, **options)
+            continue
         if step.op in ("hit", "peek"):
             # a plain hit on a sliced bucket ignores the reservation (docs/local_budget.md):
             # only fixed windows mix; the others are peeked
@@ -101,9 +107,12 @@ def test_lua_takes_like_python(redis_backend: Backend, algorithm: str, data: st.
             settles = tuple((g, 0) for g, _ in mine) * 2
         elif step.settle == "unknown":  # a grant the store never saw (a failed call's)
             settles = (("ffff", 0),)
-        need = 0 if step.op == "give" else step.need
+        need = 0 if step.op in ("give", "reset") else step.need
         slice_id = f"{next(ids):x}"
         ask = Ask(need, max(need, step.want), step.share, step.debt, settles, slice_id, epoch_ms)
+        if step.op == "reset":  # this process's slices forgotten, the key started over
+            ask = ask._replace(reset=True)
+            mine.clear()
         call = SliceCall(step.key, policy.slots[0], algorithm, policy.limits[0], now, ask)
         answers = [slicer.take(call) for slicer, _ in pairs]
         assert answers[0] == answers[1], (step, algorithm, rate, ask)

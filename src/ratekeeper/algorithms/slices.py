@@ -9,7 +9,11 @@ units (the request's cost) and at most ``want``, or nothing. A grant is at most
 ``max(need, available // share)``: near the limit slices shrink, so little budget sits unspent
 in other processes when one of them runs out. ``need=0`` only settles and charges;
 ``share=0`` is a peek: it grants nothing (and, with nothing to settle or charge, writes
-nothing), and answers what a take of ``need`` would find.
+nothing), and answers what a take of ``need`` would find. ``reset`` starts the key over: the
+settled slices (the resetting process's own) are forgotten without giving anything back, and
+the state becomes that of a fresh key less the units still held in the other live slices
+(their processes may still spend them, so they stay counted until given back); with none
+held the state is deleted, as a plain reset does. The reply is then a peek's.
 
 Every key keeps a *reservation*: each live slice's (expires_ms, slice id, units granted). A
 settle names a slice and the units its process spent from it; the store gives back the rest
@@ -30,6 +34,9 @@ The rule per algorithm (``SLICED``; the others are decided exactly, one store ca
       t=59  B settles its 3 (spent 2): 1 back (count 7): 7 admitted, 3 left
       t=60  the window ends: whatever is still held ends with it
 
+  A window whose state is missing while slices of it are still reserved (reset by a process
+  without slices, or evicted) starts from the units they hold, until their end: what their
+  processes still spend of them stays counted.
 - **token_bucket** and **gcra** (a bucket of ``burst`` units refilled at the rate; gcra is the
   same bucket told by its arrival time): a slice takes units now, to be spent later. A bucket
   that refills while units are held would otherwise hand out the same capacity twice (a full
@@ -86,6 +93,8 @@ class Ask(NamedTuple):
     """The id of the slice granted now (hex; unique among the key's live slices)."""
     epoch_ms: int = 1000
     """token_bucket, gcra: slices expire at the end of the epoch after the one they start in."""
+    reset: bool = False
+    """Start the key over (see the module): ``settles`` names the resetter's own slices."""
 
 
 class Taken(NamedTuple):
@@ -153,6 +162,11 @@ def take(
 ) -> tuple[Taken, Any, Pairs, bool]:
     """Settle, charge and grant (see the module); returns the answer, the new state and
     reservation, and whether they changed (nothing is written otherwise)."""
+    if ask.reset:
+        state, pairs = restart(name, pairs, limit, now_ms, ask)
+        peek = ask._replace(need=0, want=0, share=0, debt=0, settles=(), reset=False)
+        answer = take(name, state, pairs, limit, now_ms, peek)[0]
+        return answer, state, pairs, True
     if name == "fixed_window":
         return _window(state, pairs, limit, now_ms, ask)
     if name == "token_bucket":
@@ -160,6 +174,21 @@ def take(
     if name == "gcra":
         return _gcra(state, pairs, limit, now_ms, ask)
     raise ValueError(f"algorithm {name!r} cannot be sliced; expected one of {sorted(SLICED)}")
+
+
+def restart(name: str, pairs: Pairs, limit: Limit, now_ms: int, ask: Ask) -> tuple[Any, Pairs]:
+    """A reset's state and reservation (see the module): a fresh key's, less the units held
+    in the live slices not settled by ``ask`` (None: no state)."""
+    pairs, _ = _settle(live(pairs, now_ms), ask)
+    held = _held(pairs)
+    if not held:
+        return None, ()
+    if name == "fixed_window":  # the window of the slices still held (they end with it)
+        return (held, max(p[0] for p in pairs)), pairs
+    held = held if held < limit.capacity else limit.capacity
+    if name == "token_bucket":  # what the bucket lacks: the units held
+        return (held * limit.period_ms, now_ms), pairs
+    return (now_ms * 1000 + held * limit.unit, limit.count), pairs  # gcra's (tat, count)
 
 
 def expires_ms(name: str, state: Any, pairs: Pairs, limit: Limit) -> int:
@@ -183,11 +212,14 @@ def _window(
     state: tuple[int, int] | None, pairs: Pairs, limit: Limit, now: int, ask: Ask
 ) -> tuple[Taken, Any, Pairs, bool]:
     period, most = limit.period_ms, limit.count
-    if state is None or state[1] <= now:
-        count, end = 0, (now - now % period if limit.flags & ALIGNED else now) + period
-    else:
+    pairs = live(pairs, now)
+    if state is not None and state[1] > now:
         count, end = state
-    pairs, back = _settle(live(pairs, now), ask)
+    elif pairs:  # the state is gone but slices of its window are held: they stay counted
+        count, end = _held(pairs), max(p[0] for p in pairs)
+    else:
+        count, end = 0, (now - now % period if limit.flags & ALIGNED else now) + period
+    pairs, back = _settle(pairs, ask)
     returned = back if back < count else count
     count -= returned
     available = most - count if count < most else 0

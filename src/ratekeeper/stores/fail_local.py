@@ -11,13 +11,18 @@ the last heartbeat answered, or ``processes`` before any), and the answers are m
   ``live`` exactly (the same count per ``live`` periods) with ``burst // live`` (at least 1).
 - **The window in progress**: a sliced key starts from what this process last heard from the
   store: its share of what the store had left (``remaining // live``), in the store's window
-  (fixed_window) or as the bucket's level; any other key starts with a full share.
+  (fixed_window) or as the bucket's level, unless what it admitted here earlier (in this
+  outage, or an earlier one whose state has not ended) leaves it less; any other key starts
+  with a full share.
 - **Debt**: every unit admitted here is remembered per key until its local state stops
   mattering (``Debt``; at most ``max_keys`` of them), and charged to the store when it answers
   again, never past empty: a key's own debt before anything is decided for it from the store
   (a sliced key's rides in its next ``take``; other keys are charged with a ``peek`` and a
   ``hit`` of what fits), the others a batch per call. So the decisions of the outage count,
   and the store's return is no burst.
+- **After the return** the local state stays until it ends by itself (a window's end, a
+  bucket refilled): a process still deciding here (its breaker cooling down, a later outage
+  in the same window) goes on from what it admitted, never from a fresh share.
 
 What that admits (the slack ``docs/local_budget.md`` states): in windows wholly inside the
 outage each process admits at most its share, so all together at most the limit (times the
@@ -142,11 +147,16 @@ class FailLocal:
         if state is None:
             return
 
+        limit, peek = policy.limits[0], policy.algorithm.step
+
         def change(states: list[object]) -> tuple[None, list[tuple[int, object]] | None]:
-            if states[0] is not None:  # seeded already in this outage
-                return None, None
-            expires = policy.algorithm.expires_ms(state, policy.limits[0])
-            return None, [(expires, state)]
+            old = states[0]  # seeded already, or what was admitted here in an earlier outage
+            if old is not None and (
+                peek(old, limit, plan.now_ms, 1, False)[0].remaining
+                <= peek(state, limit, plan.now_ms, 1, False)[0].remaining
+            ):
+                return None, None  # the state with less room stays
+            return None, [(policy.algorithm.expires_ms(state, limit), state)]
 
         self.memory.transact([(slot, plan.key)], plan.now_ms, change)
 
@@ -165,9 +175,15 @@ class FailLocal:
             debt.until = max(debt.until, until)
 
     def recovered(self) -> None:
-        """The store answers again and every debt is charged: the local state is dropped."""
+        """The store answers again and every debt is charged. The local state is kept until
+        it ends by itself: a limiter whose breaker still cools down decides here a while
+        longer, and must go on from what it admitted, not from a second share."""
         self.active = False
-        self.memory = MemoryStore(max_keys=self.memory.max_keys)
+
+    def forget(self, policy: Policy, key: str) -> None:
+        """The key was reset: its local state and debt go."""
+        self.debts.pop((policy.slots[0], key), None)
+        self.memory.execute(make_plan("reset", policy, key, 0, 1))
 
     def stats(self) -> dict[str, int]:
         """Local decisions made, and failures left to the limiter for want of a live count."""

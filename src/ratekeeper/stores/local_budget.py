@@ -24,7 +24,10 @@ fail-local share) and gives back slices unused for ``idle`` seconds. ``maintain(
 on demand (call it from a timer in a process that may go quiet); ``close()`` gives every
 slice back and leaves the count (call it at shutdown: a killed process loses its slices
 until they end). The calls of a plan are written once, as a generator (``_steps``), driven by
-``execute`` and ``execute_async``.
+``execute`` and ``execute_async``. A take that fails is sent again once, at once (its settles
+make that safe): one slow reply is not an outage. A ``reset`` is one take with
+``Ask.reset``: this process's slices forgotten, the others' kept counted. A forked child
+drops what it inherited (``_after_fork``, from ``os.register_at_fork``).
 
 The wrapped store's ``partition`` (one breaker per shard), ``ping`` and ``ping_async`` are
 passed through when it has them.
@@ -38,10 +41,12 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Callable, Collection, Generator
 from typing import Any
 
 from ..algorithms.base import COUNT_REJECTED, Outcome
+from ..algorithms.heartbeat import LiveCount
 from ..algorithms.slices import SLICED, Ask, Taken
 from ..clock import Clock
 from ..errors import ConfigError, StoreUnavailable
@@ -58,10 +63,22 @@ log = logging.getLogger("ratekeeper")
 RECOVER_BATCH = 64
 """Debts charged per call after an outage (the decided key's own always first)."""
 Call = tuple[str, Any]
-"""A store call of ``_steps``: ("take", SliceCall), ("beat", args), ("forget", args) or
-("plan", Plan) for the wrapped store."""
+"""A store call of ``_steps``: ("take", SliceCall), ("beat", args) or ("plan", Plan) for the
+wrapped store."""
 Steps = Generator[Call, Any, Any]
 Sliced = str | Collection[str | Rate] | Callable[[Policy], bool]
+
+_BUDGETS: weakref.WeakSet[LocalBudget] = weakref.WeakSet()
+"""Every ``LocalBudget`` of this process: a forked child drops what it inherited."""
+
+
+def _forked() -> None:
+    for budget in list(_BUDGETS):
+        budget._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere the pid check of ``_steps`` alone
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _seconds(name: str, value: object, low: float, high: float) -> int:
@@ -77,7 +94,8 @@ def _seconds(name: str, value: object, low: float, high: float) -> int:
 
 
 def _selection(sliced: Sliced) -> tuple[Callable[[Policy], bool], bool]:
-    """``sliced`` -> (does a policy take slices, were limits named)."""
+    """``sliced`` -> (does a policy take slices, were limits named). A list names rates: a
+    policy with any of them is chosen (a stack that cannot be sliced is then refused loudly)."""
     if sliced == "all":
         return (lambda policy: True), False
     if callable(sliced):
@@ -88,7 +106,21 @@ def _selection(sliced: Sliced) -> tuple[Callable[[Policy], bool], bool]:
             "or a function of the policy"
         )
     named = {rate for spec in sliced for rate in to_rates(spec)}
-    return (lambda policy: len(policy.rates) == 1 and policy.rates[0] in named), True
+    return (lambda policy: any(rate in named for rate in policy.rates)), True
+
+
+def _unsliceable(policy: Policy) -> str | None:
+    """Why ``policy`` cannot take slices, or None."""
+    first = policy.limits[0]
+    if len(policy.limits) > 1:
+        return f"a stack of {len(policy.limits)} rates"
+    if policy.algorithm.NAME not in SLICED:
+        return f"{policy.algorithm.NAME} is not sliced"
+    if first.rate.calendar is not None:
+        return "a calendar rate"
+    if first.flags & COUNT_REJECTED:
+        return "count_rejected"
+    return None
 
 
 class LocalBudget:
@@ -136,14 +168,19 @@ class LocalBudget:
         self.fail = FailLocal(max_keys) if fail_local else None
         self.processes = processes
         self.live: int | None = None
-        """Processes sharing the store, as the last heartbeat counted."""
+        """Processes sharing the store, as the heartbeats count them (``heartbeat.LiveCount``)."""
+        self._live = LiveCount(self._beat_ms)
         self.clock = clock
         self._sliced: dict[int, tuple[Policy, bool]] = {}
-        self._refused = 0
+        self._refused: set[tuple[object, ...]] = set()
+        """The limits chosen for slices that cannot take them (each logged once)."""
         self.upkeep_errors = 0
         """Heartbeats and give-backs that failed while the plan's own call could go on."""
+        self.retries = 0
+        """Takes sent again at once after a failure (see ``_steps``)."""
         self._due = 0
         self._new_process()
+        _BUDGETS.add(self)
         if isinstance(store, Partitioned):
             self.partition = store.partition
         if isinstance(store, Pingable):
@@ -159,6 +196,19 @@ class LocalBudget:
     def _new_process(self) -> None:
         self._pid = os.getpid()
         self.process = f"{socket.gethostname()}:{self._pid}:{secrets.token_hex(4)}"
+
+    def _after_fork(self) -> None:
+        """In a forked child (called by ``os.register_at_fork``, else at the next store call):
+        the parent's slices, pending settles, debts and fail-local state are the parent's to
+        spend and give back. Dropped here unspent, so no unit is spent twice or returned
+        twice; the child registers as a process of its own at its next call."""
+        self.book = SliceBook(self.book.horizon_ms, self.book.max_slice, self._epoch_ms)
+        if self.fail is not None:
+            self.fail = FailLocal(self._max_keys)
+        self.upkeep_errors = self.retries = 0
+        self._due = 0
+        self._live.lost()  # its first beats may not count everyone yet
+        self._new_process()
 
     # ------------------------------------------------------------ the limiters' capabilities
 
@@ -188,9 +238,17 @@ class LocalBudget:
         fail = self.fail
         if fail is None:
             return None
+        if os.getpid() != self._pid:
+            self._after_fork()
+            fail = self.fail
+            assert fail is not None
+        self._live.lost()  # nobody may be beating: the next count may be too low
         live = self.live or self.processes
         policy = plan.policy
-        h = self.book.held.get((policy.slots[0], plan.key)) if self._is_sliced(policy) else None
+        sliced = self._is_sliced(policy)
+        h = self.book.held.get((policy.slots[0], plan.key)) if sliced else None
+        if h is not None and h.limit != policy.limits[0]:  # restated: its slice goes back later
+            h = self.book.entry(policy.slots[0], plan.key, policy, plan.now_ms)
         if h is not None and plan.op == "hit":  # what is left of the slice is spent first
             spent = self.book.spend(h, plan.now_ms, plan.cost)
             if spent is not None and spent.allowed:
@@ -202,7 +260,7 @@ class LocalBudget:
         outcomes, admitted = answer
         if admitted:
             until = max(o.reset_ms for o in outcomes)
-            if self._is_sliced(policy):
+            if sliced:
                 held = self.book.entry(policy.slots[0], plan.key, policy, plan.now_ms)
                 self.book.owe(held, plan.now_ms, admitted, until)
             else:
@@ -250,8 +308,9 @@ class LocalBudget:
             "units_returned": c.units_returned,
             "units_expired": c.units_expired,
             "debt_charged": c.debt_charged,
-            "unsliced": self._refused,
+            "unsliced": len(self._refused),
             "upkeep_errors": self.upkeep_errors,
+            "retries": self.retries,
             "keys": len(self.book.held),
             "live": self.live,
         }
@@ -280,39 +339,40 @@ class LocalBudget:
         found = self._sliced.get(id(policy))
         if found is not None and found[0] is policy:
             return found[1]
+        rates = "; ".join(str(r) for r in policy.rates)
+        limit = (rates, policy.algorithm.NAME, tuple(lim.flags for lim in policy.limits))
         try:
             chosen = bool(self._select(policy))
         except Exception:  # the caller's function: loud, and the limit decided exactly
-            log.exception("ratekeeper: sliced=%r raised; %s decided without slices",
-                          self._select, "; ".join(str(r) for r in policy.rates))  # fmt: skip
-            self._refused += 1
+            if self._refuse(limit):
+                log.exception("ratekeeper: sliced=%r raised; %s decided without slices",
+                              self._select, rates)  # fmt: skip
             chosen = False
-        first = policy.limits[0]
-        ok = (
-            chosen
-            and len(policy.limits) == 1
-            and first.rate.calendar is None
-            and policy.algorithm.NAME in SLICED
-            and not first.flags & COUNT_REJECTED
-        )
-        if chosen and not ok and self._named:
-            self._refused += 1
+        why = _unsliceable(policy) if chosen else None
+        if why is not None and self._named and self._refuse(limit):
             log.warning(
                 "ratekeeper: %s with %s cannot take slices (%s); every decision asks the store",
-                "; ".join(str(r) for r in policy.rates),
-                policy.algorithm.NAME,
-                "only one-rate fixed_window, token_bucket and gcra limits without "
-                "count_rejected can",
-            )
+                rates, policy.algorithm.NAME, why,
+            )  # fmt: skip
         if len(self._sliced) > 4096:
             self._sliced.clear()
+        ok = chosen and why is None
         self._sliced[id(policy)] = (policy, ok)
         return ok
+
+    def _refuse(self, limit: tuple[object, ...]) -> bool:
+        """Count a limit refused slices; True the first time (log it then)."""
+        if limit in self._refused or len(self._refused) >= 4096:
+            return False
+        self._refused.add(limit)
+        return True
 
     def _share(self) -> int:
         return 2 * (self.live or self.processes or 1)
 
     def _steps(self, plan: Plan) -> Steps:
+        if os.getpid() != self._pid:  # a fork the hook did not see
+            self._after_fork()
         now = plan.now_ms
         policy = plan.policy
         if self.fail is not None and self.fail.active:
@@ -330,35 +390,49 @@ class LocalBudget:
                 try:
                     taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
                 except StoreUnavailable:
-                    book.failed(h, ask, now)  # settled at the next call, whatever happened
-                    raise
+                    book.failed(h, ask, now)  # settled by the next call, whatever happened
+                    self.retries += 1  # once, at once: one slow reply is not an outage
+                    ask = book.ask(h, now, plan.cost, self._share(), again=True)
+                    try:
+                        taken = yield ("take", SliceCall(key, slot, h.name, h.limit, now, ask))
+                    except StoreUnavailable:
+                        book.failed(h, ask, now)
+                        raise
                 outcome = book.install(h, now, plan.cost, taken, ask)
             return (outcome,)
-        if op == "peek":  # through the slices' script: it sees the reservation, writes nothing
-            name, limit = policy.algorithm.NAME, policy.limits[0]
-            ask = Ask(plan.cost, plan.cost, 0, epoch_ms=self._epoch_ms)
+        name, limit = policy.algorithm.NAME, policy.limits[0]
+        if op == "peek":  # through the slices' script: it sees the reservation
+            held = book.held.get((slot, key))
+            if held is not None and held.limit != limit:  # restated: its slice goes back now
+                held = book.entry(slot, key, policy, now)
+            settles = book.pending_settles(held, now)  # (writes nothing unless it gives back)
+            ask = Ask(plan.cost, plan.cost, 0, settles=settles, epoch_ms=self._epoch_ms)
             taken = yield ("take", SliceCall(key, slot, name, limit, now, ask))
-            return (book.peeked(slot, key, now, plan.cost, taken),)
+            return (book.peeked(slot, key, now, plan.cost, taken, ask),)
         if op == "refund" and book.refund(slot, key, now, plan.cost):
             return ()
-        if op == "reset":
-            book.forget(slot, key)
-            yield ("forget", (key, slot))
+        if op == "reset":  # its slices forgotten; the others' stay counted (slices.restart)
+            settles = book.drop(slot, key, now)
+            if self.fail is not None:
+                self.fail.forget(policy, key)
+            ask = Ask(0, 0, 0, settles=settles, epoch_ms=self._epoch_ms, reset=True)
+            yield ("take", SliceCall(key, slot, name, limit, now, ask))
+            return ()
         return (yield ("plan", plan))
 
     def _upkeep(self, now: int, force: bool = False) -> Steps:
-        if os.getpid() != self._pid:  # forked: the parent's slices and id are not ours
-            self.book = SliceBook(self.book.horizon_ms, self.book.max_slice, self._epoch_ms)
-            self._new_process()
+        if os.getpid() != self._pid:  # maintain() in a fork the hook did not see
+            self._after_fork()
         if not force and now < self._due:
             return
         self._due = now + self._beat_ms
         try:
             live = yield ("beat", (self.process, now, now + 3 * self._beat_ms))
-            self.live = max(1, int(live))
+            self.live = self._live.heard(now, int(live))
             for settle in self.book.idle(now, self._idle_ms, 64):
                 yield from self._give(settle, now)
         except StoreUnavailable as exc:
+            self._live.lost()
             if force:  # maintain() reports it
                 raise
             # the plan's own call says whether its store answers (the heartbeat's key may be
@@ -440,8 +514,6 @@ class LocalBudget:
             return self.slicer.take(arg)
         if kind == "beat":
             return self.slicer.beat(*arg)
-        if kind == "forget":
-            return self.slicer.forget(*arg)
         return self.store.execute(arg)
 
     async def _call_async(self, call: Call) -> Any:
@@ -450,8 +522,6 @@ class LocalBudget:
             return await self.slicer.take_async(arg)
         if kind == "beat":
             return await self.slicer.beat_async(*arg)
-        if kind == "forget":
-            return await self.slicer.forget_async(*arg)
         return await self.store.execute_async(arg)
 
     def _drive(self, steps: Steps) -> Any:

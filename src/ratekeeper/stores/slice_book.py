@@ -20,13 +20,27 @@ the last take (``remaining``, ``reset_ms``), a rejection's hold (``blocked`` unt
   pending, and the slice it asked for is added as a settle of nothing spent; the next call
   sends them again. Settles are idempotent (``slices``), so whatever happened, the store ends
   up with exactly what was spent: nothing is lost for the window, nothing counted twice. The
-  detached slice is not spent any more (the store may have taken it back).
+  detached slice is not spent any more (the store may have taken it back). That is also why
+  a failed take may be sent again at once (``local_budget`` does, once): the second carries
+  the first's settles. A failed call may even run after a later one (a command left in a
+  stalled server's buffer runs when it resumes, in any order with the others): so the id of
+  a slice asked for by a failed call keeps riding along with the key's calls until that slice
+  would have ended (``RIDING``; at most ``RIDERS`` a key), and a late grant is given back by
+  the next call after it.
 - **Install** (``install``): a grant becomes the slice (a grant for the same expiry as a slice
-  another thread installed meanwhile joins it; otherwise the older one is queued to be given
-  back). A rejection holds the key for its retry time, at least ``horizon_ms / 10`` and at most
-  ``horizon_ms`` (never past a fixed window's end): rejections meanwhile cost no store call,
-  and a give-back by another process is seen at most ``horizon_ms`` later; when other
-  processes held slices that could have covered the request, the hold is the shortest.
+  another thread installed meanwhile joins it; otherwise the one that ends first is queued to
+  be given back). A rejection holds the key for its retry time, at least ``horizon_ms / 10``
+  and at most ``horizon_ms`` (never past a fixed window's end): rejections meanwhile cost no
+  store call, and a give-back by another process is seen at most ``horizon_ms`` later; when
+  other processes held slices that could have covered the request, the hold is the shortest.
+  Replies can arrive out of order (threads, tasks): one from a call older than the reply
+  last applied (``seen``: the time of that call) answers its own request only, and never
+  overwrites what the key knows (``remaining``, ``reset_ms``, a hold).
+- **A changed rate** (``entry``, the same slot under another limit): the slice, taken under the
+  old rate, is detached as at a take and given back by the next one, which decides under the
+  new rate: the window keeps what was spent, the room grows by a raise and shrinks by a cut.
+- **Reset** (``drop``): the key is forgotten here, and its slices become the settles of the
+  reset's call (``slices``: ``Ask.reset``).
 - **False rejections** (an upper bound): a rejection is counted as possibly false when the
   store said other processes held, in live slices, at least what the request lacked (their
   unspent part is not known at that instant); the local rejections of the hold that follows
@@ -48,6 +62,11 @@ from ..plan import Policy
 
 Settles = tuple[tuple[str, int], ...]
 """(grant id, units spent of it)."""
+FAILED = -1
+"""``Held.pending``'s units of a slice asked for by a failed call (not known to have run)."""
+RIDING = -2
+"""... once a call carrying its settle has answered: it rides along until it ends."""
+RIDERS = 16
 
 
 class Held:
@@ -56,7 +75,7 @@ class Held:
     __slots__ = (
         "blocked", "debt", "debt_until", "demand", "granted", "ids", "key", "limit", "name",
         "pending", "policy", "rate", "remaining", "reset_ms", "retry_at", "retry_at_inf",
-        "since", "slot", "suspect", "takes", "unspent", "until", "used",
+        "seen", "since", "slot", "suspect", "takes", "unspent", "until", "used",
     )  # fmt: skip
 
     def __init__(self, slot: str, key: str, policy: Policy, now: int) -> None:
@@ -69,10 +88,12 @@ class Held:
         self.ids: list[tuple[str, int]] = []
         """The grants the live slice is made of: (id, units)."""
         self.pending: dict[str, tuple[int, int, int]] = {}
-        """Settles not confirmed by the store: grant id -> (units spent, until, units granted
-        or -1 when not known: a failed call's)."""
+        """Settles not confirmed by the store: grant id -> (units spent, until, units granted,
+        or ``FAILED``/``RIDING`` for a failed call's)."""
         self.remaining = self.limit.capacity
         self.reset_ms = now
+        self.seen = 0
+        """When the call whose reply set ``remaining``, ``reset_ms`` and the hold was made."""
         self.blocked = self.retry_at = 0
         self.retry_at_inf = False
         self.suspect = False
@@ -130,14 +151,31 @@ class SliceBook:
         return f"{self._prefix}{next(self._ids):x}"
 
     def entry(self, slot: str, key: str, policy: Policy, now: int) -> Held:
-        """The key's ``Held``, made on first use."""
+        """The key's ``Held``, made on first use; restated under a changed rate (see the
+        module)."""
         h = self.held.get((slot, key))
         if h is None or h.policy is not policy:
             with self.lock:
                 h = self.held.get((slot, key))
-                if h is None or h.policy.limits[0] != policy.limits[0]:
+                if h is None:
                     h = self.held[(slot, key)] = Held(slot, key, policy, now)
+                elif h.policy is not policy:
+                    self._restate(h, policy, now)
         return h
+
+    def _restate(self, h: Held, policy: Policy, now: int) -> None:
+        """``h`` under ``policy``: a changed limit detaches the slice taken under the old one
+        (the next take gives it back) and lifts a hold; the lock is held."""
+        old, new = h.limit, policy.limits[0]
+        h.policy = policy
+        if new == old:
+            return
+        self._detach(h, now)
+        h.limit = new
+        room = h.remaining + new.capacity - old.capacity  # the store's, as the rate changes it
+        h.remaining = 0 if room < 0 else room if room < new.capacity else new.capacity
+        h.blocked = 0
+        h.suspect = False
 
     def spend(self, h: Held, now: int, cost: int) -> Outcome | None:
         """The hit answered here (see the module), or None: the store must be asked."""
@@ -149,7 +187,8 @@ class SliceBook:
                 h.demand += cost
                 h.used = now
                 self.counts.spent += 1
-                return new_outcome((True, h.remaining + h.unspent, h.reset_ms, 0.0))
+                reset = h.reset_ms if h.reset_ms > now else now  # never in the past
+                return new_outcome((True, h.remaining + h.unspent, reset, 0.0))
             if h.blocked > now and cost > h.remaining:  # a smaller cost may fit: ask
                 h.demand += cost
                 counts = self.counts
@@ -157,22 +196,25 @@ class SliceBook:
                 if h.suspect:
                     counts.false_rejections += 1
                 retry = INF if h.retry_at_inf else h.retry_at - now if h.retry_at > now else 0
-                return new_outcome((False, h.remaining, h.reset_ms, retry))
+                reset = h.reset_ms if h.reset_ms > now else now
+                return new_outcome((False, h.remaining, reset, retry))
             return None
         finally:
             lock.release()
 
-    def ask(self, h: Held, now: int, cost: int, share: int) -> Ask:
-        """The next take for ``h``'s key: its slice detached and settled by it (see the module)."""
+    def ask(self, h: Held, now: int, cost: int, share: int, again: bool = False) -> Ask:
+        """The next take for ``h``'s key: its slice detached and settled by it (see the
+        module); ``again``: the same request's second try (its demand is counted once)."""
         with self.lock:
-            h.demand += cost
-            elapsed = now - h.since
-            if h.takes:  # the demand since the last take, per ms, averaged with the last
-                rate = h.demand / (elapsed if elapsed > 0 else 1)
-                h.rate = rate if h.takes == 1 else (h.rate + rate) / 2
-            h.takes += 1
-            h.demand = 0
-            h.since = now
+            if not again:
+                h.demand += cost
+                elapsed = now - h.since
+                if h.takes:  # the demand since the last take, per ms, averaged with the last
+                    rate = h.demand / (elapsed if elapsed > 0 else 1)
+                    h.rate = rate if h.takes == 1 else (h.rate + rate) / 2
+                h.takes += 1
+                h.demand = 0
+                h.since = now
             want = int(h.rate * self.horizon_ms + 0.5)  # the first take: the cost alone
             want = min(self.max_slice, want) if want > cost else cost
             settles = self._detach(h, now)
@@ -214,8 +256,8 @@ class SliceBook:
         or a reservation that caps a bucket (a fully spent fixed_window slice gives nothing
         back, and what it holds ends with its window: its settle rides in the next take)."""
         if h.name != "fixed_window":
-            return bool(h.pending)
-        return any(used < units or units < 0 for used, _, units in h.pending.values())
+            return any(units != RIDING for _, _, units in h.pending.values())
+        return any(used < units or units == FAILED for used, _, units in h.pending.values())
 
     def failed(self, h: Held, ask: Ask, now: int) -> None:
         """A call carrying ``ask`` failed: its settles stay pending, the slice it asked for
@@ -231,11 +273,24 @@ class SliceBook:
                 until = h.reset_ms if h.reset_ms > now else now + h.limit.period_ms
             else:
                 until = (now // self.epoch_ms + 2) * self.epoch_ms
-            h.pending[ask.slice_id] = (0, until, -1)
+            h.pending[ask.slice_id] = (0, until, FAILED)
 
     def _confirm(self, h: Held, ask: Ask) -> None:
-        for grant, _ in ask.settles:
-            h.pending.pop(grant, None)
+        self._answered(h, ask.settles)
+
+    def _answered(self, h: Held, settles: Settles) -> None:
+        """A call carrying ``settles`` answered: they are forgotten, but a failed call's
+        rides along (see the module); the lock is held."""
+        pending = h.pending
+        for grant, _ in settles:
+            entry = pending.get(grant)
+            if entry is not None and entry[2] < 0:
+                pending[grant] = (0, entry[1], RIDING)
+            elif entry is not None:
+                del pending[grant]
+        riders = [g for g, (_, _, units) in pending.items() if units == RIDING]
+        for grant in riders[: len(riders) - RIDERS]:  # the oldest first
+            del pending[grant]
 
     def install(self, h: Held, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
         """The take's answer applied (see the module); the request's outcome."""
@@ -247,15 +302,23 @@ class SliceBook:
                 counts.slices_returned += 1
                 counts.units_returned += taken.returned
             counts.debt_charged += taken.charged  # what found the key empty is dropped
-            h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
+            fresh = now >= h.seen  # else a reply overtaken by a newer one: its request's only
+            if fresh:
+                h.seen = now
+                h.remaining, h.reset_ms = taken.remaining, taken.reset_ms
             if not granted:
-                return self._hold(h, now, cost, taken)
+                return self._hold(h, now, cost, taken, fresh)
             counts.slices_taken += 1
             counts.units_taken += granted
-            h.blocked = 0
-            h.suspect = False
-            h.used = now
-            if h.until > now and h.until != taken.expires_ms:  # another thread's slice
+            if h.until > taken.expires_ms and h.until > now:  # a live slice that ends later
+                h.pending[ask.slice_id] = (cost, taken.expires_ms, granted)  # back at the next
+                return new_outcome((True, taken.remaining, taken.reset_ms, 0.0))
+            if fresh:
+                h.blocked = 0
+                h.suspect = False
+            if now > h.used:
+                h.used = now
+            if h.until > now and h.until != taken.expires_ms:  # another thread's, ending first
                 unspent = h.unspent
                 self.settles.append(Settle(h, self._detach(h, now), unspent))
             if h.until == taken.expires_ms:
@@ -266,10 +329,14 @@ class SliceBook:
             h.ids.append((ask.slice_id, granted))
             return new_outcome((True, taken.remaining + h.unspent, taken.reset_ms, 0.0))
 
-    def _hold(self, h: Held, now: int, cost: int, taken: Taken) -> Outcome:
-        """A rejection: the key is answered here until ``blocked`` (see the module)."""
-        h.suspect = taken.held >= cost - taken.remaining
-        self.counts.false_rejections += h.suspect
+    def _hold(self, h: Held, now: int, cost: int, taken: Taken, fresh: bool) -> Outcome:
+        """A rejection: the key is answered here until ``blocked`` (see the module); a stale
+        one (not ``fresh``) answers its own request only."""
+        suspect = taken.held >= cost - taken.remaining
+        self.counts.false_rejections += suspect
+        if not fresh:
+            return new_outcome((False, taken.remaining, taken.reset_ms, taken.retry_ms))
+        h.suspect = suspect
         retry = taken.retry_ms
         shortest = self.horizon_ms // 10 or 1
         hold = self.horizon_ms if retry == INF else int(retry)
@@ -300,7 +367,8 @@ class SliceBook:
                     settles = tuple((g, used) for g, (used, _, _) in h.pending.items())
                     out.append(Settle(h, settles, unspent))
                 elif settles:  # spent fixed_window slices only: forgotten here, no call
-                    h.pending.clear()
+                    for grant in [g for g, (_, _, u) in h.pending.items() if u != RIDING]:
+                        del h.pending[grant]
             return out
 
     def give_all(self, now: int) -> list[Settle]:
@@ -310,8 +378,7 @@ class SliceBook:
     def settled(self, s: Settle, taken: Taken) -> None:
         """A give-back answered."""
         with self.lock:
-            for grant, _ in s.settles:
-                s.held.pending.pop(grant, None)
+            self._answered(s.held, s.settles)
             self.counts.slices_returned += 1
             self.counts.units_returned += taken.returned
             self.counts.units_expired += max(0, s.unspent - taken.returned)
@@ -325,10 +392,20 @@ class SliceBook:
             h.unspent += cost
             return True
 
-    def peeked(self, slot: str, key: str, now: int, cost: int, taken: Taken) -> Outcome:
-        """A peek's answer: what the store has (a take with ``share=0``) plus the key's
-        unspent slice."""
+    def pending_settles(self, h: Held | None, now: int) -> Settles:
+        """The key's settles not confirmed yet (a peek carries them)."""
+        if h is None:
+            return ()
+        with self.lock:
+            return tuple((g, used) for g, (used, end, _) in h.pending.items() if end > now)
+
+    def peeked(self, slot: str, key: str, now: int, cost: int, taken: Taken, ask: Ask) -> Outcome:
+        """A peek's answer: what the store has (a take with ``share=0``, carrying the key's
+        pending settles) plus the key's unspent slice."""
         h = self.held.get((slot, key))
+        if h is not None and ask.settles:
+            with self.lock:
+                self._confirm(h, ask)
         unspent = h.unspent if h is not None and h.until > now else 0
         remaining = taken.remaining + unspent
         if taken.retry_ms == 0 or unspent >= cost:
@@ -356,10 +433,15 @@ class SliceBook:
             self._confirm(h, ask)
             self.counts.debt_charged += taken.charged
 
-    def forget(self, slot: str, key: str) -> None:
-        """Drop the key's slice (its state was reset)."""
+    def drop(self, slot: str, key: str, now: int) -> Settles:
+        """Forget the key (a reset); its slices, live and pending, as the reset's settles."""
         with self.lock:
-            self.held.pop((slot, key), None)
+            h = self.held.pop((slot, key), None)
+            if h is None:
+                return ()
+            self.owers.discard(h)
+            live = [(grant, units) for grant, units in h.ids] if h.until > now else []
+            return (*live, *((g, used) for g, (used, _, _) in h.pending.items()))
 
     def trim(self, now: int, most: int) -> None:
         """Keep at most ``most`` keys: drop those holding nothing (no live slice, hold, debt
@@ -368,7 +450,8 @@ class SliceBook:
             if len(self.held) <= most:
                 return
             for k, h in list(self.held.items()):
-                if h.until <= now and h.blocked <= now and not h.debt and not h.pending:
+                ended = all(end <= now for _, end, _ in h.pending.values())
+                if h.until <= now and h.blocked <= now and not h.debt and ended:
                     self.counts.units_expired += h.unspent if h.until else 0
                     del self.held[k]
                     if len(self.held) <= most * 3 // 4:

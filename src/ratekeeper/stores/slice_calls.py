@@ -76,7 +76,7 @@ class SliceCall:
         settles = ",".join(f"{grant}:{used}" for grant, used in a.settles)
         return (
             self.name, self.now_ms, limit.count, limit.period_ms, extra, a.need, a.want,
-            a.share, a.debt, settles, a.slice_id or "-", a.epoch_ms,
+            a.share, a.debt, settles, a.slice_id or "-", a.epoch_ms, 1 if a.reset else 0,
         )  # fmt: skip
 
 
@@ -103,6 +103,8 @@ class MemorySlicer:
             )
             if not changed:
                 return answer, None
+            if state is None:  # a reset with nothing held: as a plain reset
+                return answer, [None, None]
             keep = slices.expires_ms(name, state, pairs, limit)
             return answer, [(keep, state), (keep, pairs) if pairs else None]
 
@@ -117,14 +119,6 @@ class MemorySlicer:
             return live, [(heartbeat.expires(members), members) if members else None]
 
         return self.store.transact([LIVE_SLOT], now_ms, change)
-
-    def forget(self, key: str, slot: str) -> None:
-        """Drop the key's reservation (its state was reset)."""
-        self.store.transact([(slot + RESERVED, key)], 0, lambda states: (None, [None]))
-
-    async def forget_async(self, key: str, slot: str) -> None:
-        """The same as ``forget``."""
-        self.forget(key, slot)
 
     async def take_async(self, call: SliceCall) -> slices.Taken:
         """The same as ``take``: nothing in it blocks."""
@@ -199,14 +193,6 @@ class RedisSlicer:
     async def take_async(self, call: SliceCall) -> slices.Taken:
         """The same as ``take``, on the asyncio client."""
         return taken(await self._run_async(call.key, self._command(call), SLICES[0]))
-
-    def forget(self, key: str, slot: str) -> None:
-        """``DEL`` the key's reservation (its state was reset)."""
-        self._run(key, ("DEL", redis_key(self.prefix, key, slot) + RESERVED), "")
-
-    async def forget_async(self, key: str, slot: str) -> None:
-        """The same as ``forget``, on the asyncio client."""
-        await self._run_async(key, ("DEL", redis_key(self.prefix, key, slot) + RESERVED), "")
 
     def beat(self, process: str, now_ms: int, expires_ms: int) -> int:
         """One ``heartbeat.lua`` call; the live count."""

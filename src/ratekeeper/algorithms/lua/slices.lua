@@ -8,7 +8,9 @@
 -- ARGV     algorithm ("fixed_window" | "token_bucket" | "gcra"), now_ms, count, period_ms,
 --          extra (fixed_window: option bits, 1 aligned; token_bucket, gcra: burst), need, want,
 --          share (0: a peek, grants nothing), debt, settles ("<slice id>:<units spent>,..."
---          or ""), slice_id (of the new slice; hex), epoch_ms (see slices.Ask).
+--          or ""), slice_id (of the new slice; hex), epoch_ms (see slices.Ask), reset ("1":
+--          forget the settled slices and start the key over but for the units held in the
+--          other live slices, slices.restart; the reply is then a peek's; else "0").
 -- Values   the algorithms' own encodings: fixed_window "<count><end_ms, 13 digits>" (or
 --          "<count>:<end_ms>", and so when the count is below zero); token_bucket
 --          "<debt><updated_ms - 1.7e12, 12 digits>" (or "<debt>:<updated_ms>"); gcra
@@ -26,6 +28,7 @@ local count, period, extra = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV
 local need, want, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local debt, settles, slice_id = tonumber(ARGV[9]), ARGV[10], ARGV[11]
 local epoch = tonumber(ARGV[12])
+local reset = ARGV[13] == '1'
 
 -- idiv and ceil_div come from integer.lua, the algorithms' value encodings (window_, bucket_
 -- and gcra_decode/encode) from value_<algorithm>.lua, all prepended when the script is loaded.
@@ -111,18 +114,55 @@ local function fmt(x)
 end
 
 local ps = load_pairs()
-local granted, remaining, reset, retry, expires = 0, 0, 0, 0, 0
+if reset then -- start over but for the slices still held by others (slices.restart)
+  ps = settle(live(ps))
+  local held = total(ps)
+  if held == 0 then
+    redis.call('DEL', KEYS[1], KEYS[2])
+  else
+    local last, value, keep = ps[#ps][1], nil, nil -- ps is by expiry
+    if name == 'fixed_window' then
+      value, keep = window_encode(held, last), last
+    elseif name == 'token_bucket' then
+      held = math.min(held, extra)
+      value = bucket_encode(held * period, now)
+      keep = math.max(now + ceil_div(held * period, count), last + ceil_div(extra * period, count))
+    elseif name == 'gcra' then
+      held = math.min(held, extra)
+      local t = ceil_div(period * 1000, count)
+      local tat = now * 1000 + held * t
+      value = gcra_encode(tat, count)
+      keep = math.max(ceil_div(tat, 1000), last + ceil_div(extra * t, 1000))
+    else
+      return redis.error_reply('slices.lua: algorithm ' .. tostring(name) .. ' cannot be sliced')
+    end
+    local ttl = string.format('%d', math.max(1000, keep - now + 1000))
+    local parts = {}
+    for _, p in ipairs(ps) do
+      parts[#parts + 1] = string.format('%d', p[1]) .. ':' .. p[2] .. ':' .. string.format('%d', p[3])
+    end
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
+    redis.call('SET', KEYS[2], table.concat(parts, ':'), 'PX', ttl)
+  end
+  settles, need, want, share, debt = '', 0, 0, 0, 0 -- the rest answers as a peek
+end
+local granted, remaining, reset_ms, retry, expires = 0, 0, 0, 0, 0
 local returned, charged, changed = 0, 0, false
 local value, keep -- the new state's encoding, and when it and the reservation stop mattering
 
 if name == 'fixed_window' then
   local used, ends = window_decode(redis.call('GET', KEYS[1]))
+  ps = live(ps)
   if not used or ends <= now then
-    used = 0
-    ends = ((extra % 2 == 1) and (now - now % period) or now) + period
+    if #ps > 0 then -- the state is gone but slices of its window are held: they stay counted
+      used, ends = total(ps), ps[#ps][1]
+    else
+      used = 0
+      ends = ((extra % 2 == 1) and (now - now % period) or now) + period
+    end
   end
   local back
-  ps, back = settle(live(ps))
+  ps, back = settle(ps)
   returned = math.min(back, used)
   used = used - returned
   local available = math.max(0, count - used)
@@ -136,7 +176,7 @@ if name == 'fixed_window' then
     retry = (need <= count) and (ends - now) or -1
   end
   remaining = math.max(0, count - used)
-  reset, expires, keep = ends, ends, ends
+  reset_ms, expires, keep = ends, ends, ends
   value = window_encode(used, ends)
 elseif name == 'token_bucket' then
   local burst = extra
@@ -185,7 +225,7 @@ elseif name == 'token_bucket' then
   ps = add(ps, expires, granted)
   changed = settles ~= '' or charged > 0 or granted > 0
   local since = math.max(updated, now)
-  reset = since + ceil_div(full - scaled, count)
+  reset_ms = since + ceil_div(full - scaled, count)
   if short then
     retry = (need > burst) and -1 or (since - now + ceil_div(need * period - scaled, count))
   end
@@ -244,8 +284,8 @@ elseif name == 'gcra' then
     retry = (need > burst) and -1 or ceil_div(tat + need * t - tau - now_us, 1000)
   end
   remaining = math.max(0, idiv(now_us + tau - tat, t))
-  reset = ceil_div(tat, 1000)
-  keep = reset
+  reset_ms = ceil_div(tat, 1000)
+  keep = reset_ms
   if #ps > 0 then
     keep = math.max(keep, ps[#ps][1] + ceil_div(tau, 1000))
   end
@@ -268,4 +308,4 @@ if changed then
   end
 end
 local held = total(ps)
-return {granted, remaining, reset, retry, expires, held, returned, charged}
+return {granted, remaining, reset_ms, retry, expires, held, returned, charged}
