@@ -283,8 +283,9 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
             if algorithm == stats.algorithm or not peak:
                 peak = quantiles(needs)
             advice = advise(
-                demand, needs, algorithm, rate.period, options.share, stats.buckets, requests
-            )
+                demand, needs, algorithm, rate.period, options.share, stats.buckets, requests,
+                options.reject_share,
+            )  # fmt: skip
             advice["peak"] = _finite(quantiles(needs))
             advice["distribution"] = _histogram(needs)
             advice["candidate"] = {

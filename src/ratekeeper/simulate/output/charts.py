@@ -26,7 +26,7 @@ STEPS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 864
 """Time-axis tick steps (seconds): the shortest that gives at most ``TICKS`` ticks."""
 TICKS = 8
 COLORS = {"requests": "#7aa6d8", "rejected": "#d9534f", "gap": "#eceff3"}
-MARKS = {"candidate": "#1d2733", "nobody": "#2e7d32", "outliers": "#e07b00"}
+MARKS = {"candidate": "#1d2733", "nobody": "#2e7d32", "outliers": "#e07b00", "requests": "#7b3fa0"}
 
 
 def esc(x: Any) -> str:

@@ -115,6 +115,12 @@ def _limit(limit: dict[str, Any], zone: int, share: float) -> list[str]:
                 f"{rate['keys']:,} keys:"
             )
             out.append("    touches almost nobody: " + _suggestion(s, rate["keys"], share))
+            bounded = s.get("requests")
+            if bounded is not None:
+                out.append(
+                    f"    rejects at most {bounded['bound']:.2%} of requests: "
+                    + _suggestion(bounded, rate["keys"])
+                )
             if s["outliers"] is not None:
                 low, high = s["outliers"]["gap"]
                 out.append(
