@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -21,7 +22,8 @@ import pytest
 from ratekeeper import ManualClock
 from ratekeeper.cli import main
 from ratekeeper.middleware import RateCheck, keys
-from ratekeeper.simulate.reading.order import Skew, ordered_runs
+from ratekeeper.simulate.reading.logs import Entry
+from ratekeeper.simulate.reading.order import Late, Room, Skew, ordered_entries, ordered_runs
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 
@@ -253,3 +255,33 @@ def test_lines_of_one_time_are_decided_in_one_order_whatever_the_window(
         target = ChecksTarget([check], ManualClock(0), "enforce")
         answers.append(decisions([log], target, window, late)["limits"])
     assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("path", ["runs", "entries"])
+def test_the_reorder_buffers_hold_a_bounded_number_of_lines(path: str) -> None:
+    """A file in reverse order: every line is older than the newest, so a buffer that waits
+    for a newer line would hold them all. The buffers share a ``Room``: past its limit the
+    oldest lines go early, and the lines behind them are late (``Late`` unless skipped)."""
+    times = [float(START + t) for t in range(3000, 0, -1)]
+
+    def stream(skew: Skew, room: Room) -> Iterator[Any]:
+        if path == "runs":
+            runs = [(t, [str(t)]) for t in times]
+            return ordered_runs([runs[i : i + 7] for i in range(0, len(runs), 7)], 180, skew, room)
+        return ordered_entries((Entry(t, {"ip": str(t)}) for t in times), 180, skew, room=room)
+
+    room = Room(100)
+    skew = Skew(skip=True)
+    out = 0
+    for item in stream(skew, room):
+        assert room.held <= 200
+        out += len(item) if path == "runs" else 1
+    assert skew.full and skew.late > 2000 and out + skew.late == len(times)
+    assert room.held == 0
+    with pytest.raises(Late):
+        for _ in stream(Skew(), Room(100)):
+            pass
+    # with room enough, it is put in order whole
+    whole = Skew()
+    assert sum(len(i) if path == "runs" else 1 for i in stream(whole, Room(10_000))) == 3000
+    assert whole.late == 0 and not whole.full
