@@ -31,6 +31,7 @@ from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.simulate import replay as replay_module
 from ratekeeper.simulate.reading import sort as sort_module
 from ratekeeper.simulate.reading.sort import ExternalSort
+from ratekeeper.simulate.reading.sources import Source
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 from tests.simulate.traffic import Line, generate
@@ -376,3 +377,49 @@ def test_the_sort_holds_its_limit_in_memory_not_the_log() -> None:
 
     small, whole = peak(20_000), peak(10**6)
     assert small * 4 < whole, (small, whole)
+
+
+def test_a_file_renamed_between_the_readings_is_read_again_one_truncated_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The second reading reads the file the first opened: a rotation that renames it and
+    starts a new one at its path changes nothing; one that truncates it in place
+    (copytruncate) is refused rather than read short."""
+    log = tmp_path / "access.log"
+    log.write_text("first line\nsecond line\n")
+    source = Source(str(log), copy=True)
+    try:
+        with source.open() as stream:
+            assert stream.readline() == b"first line\n"
+        log.rename(tmp_path / "access.log.1")
+        log.write_text("a new log\n")
+        with source.again() as stream:
+            assert stream.read() == b"first line\nsecond line\n"
+    finally:
+        source.close()
+    source = Source(str(log), copy=True)
+    try:
+        with source.open() as stream:
+            stream.read()
+        log.write_text("")
+        with pytest.raises(LogOrderError, match="it shrank between the two readings"):
+            source.again()
+    finally:
+        source.close()
+
+
+def test_gzip_streams_on_standard_input_are_copied_compressed_and_sorted(
+    tmp_path: Path,
+) -> None:
+    """``cat access.log.3.gz access.log.2.gz ... | simulate -``: gzip members one after
+    another, newest first."""
+    parts = chunks(ROTATED, 4)
+    stream = b"".join(gzip.compress("".join(x.combined() for x in p).encode()) for p in parts[::-1])
+    got = cli(tmp_path, ["-"], stream, ("--no-suggest",))
+    assert got["code"] == 0, got["stderr"]
+    report = got["report"]
+    assert report["order"]["sorted"] and report["decided"] == len(ROTATED)
+    want = cli(
+        tmp_path, [write(tmp_path / "sorted.log", ROTATED, gz=False)], None, ("--no-suggest",)
+    )
+    assert report["limits"] == want["report"]["limits"]

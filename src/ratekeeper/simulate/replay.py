@@ -93,6 +93,7 @@ def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = 
         raise ConfigError(f"--late {options.late!r} is invalid; expected one of {', '.join(LATE)}")
     if list(options.logs).count("-") > 1:
         raise ConfigError("- (standard input) is given more than once; give it once")
+    started = time.perf_counter()
     with ExitStack() as stack:
         sources = [Source(path, copy=options.late == "sort") for path in options.logs]
         for source in sources:
@@ -114,7 +115,8 @@ def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = 
                     f"({options.window:,.0f} s) and {exc}: nothing is reported. "
                     f"{_fixes(late, options.window)}, or set TMPDIR to a directory with room."
                 ) from None
-    files, first, last, elapsed, written = done
+    files, first, last, written = done
+    elapsed = time.perf_counter() - started  # both readings when it sorted
     report = Report(
         files, list(target.limits.values()), list(target.left_out), mode, options.share,
         elapsed, first, last, options.window, top=options.top, late=options.late,
@@ -142,17 +144,16 @@ def _decide(
     sources: list[Source],
     progress: IO[str] | None,
     late: Late | None,
-) -> tuple[list[LogFile], float | None, float | None, float, int | None]:
+) -> tuple[list[LogFile], float | None, float | None, int | None]:
     """Read every log and let ``target`` decide each line in time order: through the
     reorder buffers (``late`` None) or, after ``late``, every line sorted. (files, first
-    time, last time, seconds, bytes the sort wrote or None when it did not sort)."""
+    time, last time, bytes the sort wrote or None when it did not sort)."""
     clock: ManualClock = target.clock
     if options.suggest:
         for stats in target.limits.values():
             stats.track_demand()
     name = getattr(target, "fast_field", None)
     files: list[LogFile] = []
-    started = time.perf_counter()
     first = last = None
     written = None
     sorter: ExternalSort[Any] | None = None
@@ -223,7 +224,7 @@ def _decide(
             written = sorter.written
     if bar is not None:
         bar.done()
-    return files, first, last, time.perf_counter() - started, written
+    return files, first, last, written
 
 
 def _nothing() -> None:

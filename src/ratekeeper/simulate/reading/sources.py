@@ -1,13 +1,15 @@
 """Log inputs that can be read again from their start: what sorting a log needs.
 
 A log further out of time order than ``--skew`` is read twice (``replay``): streaming
-first, until a line comes too late, then again, whole, to be sorted. A regular file is
-opened again by its path. Standard input, a pipe or a process substitution (``<(zcat
-...)``) cannot be read twice, so with ``copy`` what is read from it is also written to a
-temporary file as it goes (its bytes as read: a gzip stream stays compressed); reading it
-again drains the rest of the stream into the copy, then reads the copy. A copy that cannot
-be written (no room) is dropped and the first reading goes on: only reading it again fails
-(``LogOrderError``). Without ``copy`` nothing is written and reading again is refused.
+first, until a line comes too late, then again, whole, to be sorted. A regular file is read
+again through a descriptor kept from the first opening, so a rotation that renames it in
+between changes nothing; one that shrank in between (truncated in place) is refused.
+Standard input, a pipe or a process substitution (``<(zcat ...)``) cannot be read twice, so
+with ``copy`` what is read from it is also written to a temporary file as it goes (its bytes
+as read: a gzip stream stays compressed); reading it again drains the rest of the stream
+into the copy, then reads the copy. A copy that cannot be written (no room) is dropped and
+the first reading goes on: only reading it again fails (``LogOrderError``). Without
+``copy`` nothing is written and reading a pipe again is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class Source:
     def __init__(self, path: str, copy: bool) -> None:
         self.path = path
         self.copy = copy
-        self.regular = False
-        """It is a regular file (known once opened)."""
+        self._kept: int | None = None
+        """A regular file's descriptor, kept for the second reading."""
+        self._size = 0
         self._tee: _Tee | None = None
         self._raw: list[IO[bytes]] = []
 
@@ -45,18 +48,30 @@ class Source:
         """The log, un-gzipped (see the module docstring); the caller closes it."""
         raw = open_raw(self.path)
         self._raw.append(raw)
-        self.regular = _regular(self.path, raw)
-        if self.copy and not self.regular:
+        if _regular(self.path, raw):  # kept open: renamed by a rotation, it is still read
+            self._kept = os.dup(raw.fileno())
+            self._size = os.fstat(self._kept).st_size
+        elif self.copy:
             self._tee = _Tee(raw)
             raw = io.BufferedReader(self._tee, READ)
         return gunzipped(raw)
 
     def again(self) -> IO[bytes]:
         """The log from its start once more (``open`` first)."""
+        if self._kept is not None:
+            size = os.fstat(self._kept).st_size
+            if size < self._size:
+                raise LogOrderError(
+                    f"{self.name} cannot be read again to be sorted: it shrank between the "
+                    f"two readings ({self._size:,} bytes, then {size:,}: truncated by a "
+                    "rotation?)"
+                )
+            raw = os.fdopen(os.dup(self._kept), "rb")
+            self._raw.append(raw)
+            raw.seek(0)
+            return gunzipped(raw)
         tee = self._tee
         if tee is None:
-            if self.regular:
-                return self.open()
             raise LogOrderError(
                 f"{self.name} cannot be read again to be sorted: it is not a file and was "
                 "not copied (--late refuse)"
@@ -74,6 +89,9 @@ class Source:
         standard input stays open."""
         if self._tee is not None:
             self._tee.drop()
+        if self._kept is not None:
+            os.close(self._kept)
+            self._kept = None
         for raw in self._raw:
             if self.path != "-":
                 raw.close()
