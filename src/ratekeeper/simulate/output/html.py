@@ -92,7 +92,7 @@ def _order(data: dict[str, Any]) -> str:
     if order["late"]:
         return (
             f"Lines are put back in time order within {window} and the files merged by time; "
-            f"<span class=bad>{order['late']:,} lines came later than that and were skipped "
+            f"<span class=bad>{order['late']:,} lines came too late for that and were skipped "
             f"(<code>--late skip</code>): this report leaves out {order['late']:,} of "
             f"{data['parsed']:,} requests</span>."
         )
@@ -108,7 +108,8 @@ def _files(data: dict[str, Any]) -> str:
         f"<tr><td><code>{esc(f['path'])}</code></td><td>{esc(f['detected'])}</td>"
         f"<td class=n>{f['lines']:,}</td><td class=n>{f['parsed']:,}</td>"
         f"<td class=n>{f['unparsable']:,}</td><td class=n>{f['backward_steps']:,}</td>"
-        f"<td class=n>{f['largest_lag_seconds']:,.0f} s</td><td class=n>{f['late']:,}</td></tr>"
+        f"<td class=n>{f['largest_lag_seconds']:,.0f} s</td>"
+        f"<td class=n>{f['late'] or f['beyond_window']:,}</td></tr>"
         for f in data["files"]
     )
     late = "".join(
@@ -119,7 +120,8 @@ def _files(data: dict[str, Any]) -> str:
     return (
         "<section class=files><h2>Logs</h2><table><tr><th>file</th><th>detected format</th>"
         "<th class=n>lines</th><th class=n>requests</th><th class=n>unparsable</th>"
-        "<th class=n>back in time</th><th class=n>furthest behind</th><th class=n>late</th></tr>"
+        "<th class=n>back in time</th><th class=n>furthest behind</th>"
+        "<th class=n>further than --skew</th></tr>"
         f"{rows}</table><p>{_order(data)}</p>" + (f"<ul>{late}</ul>" if late else "") + "</section>"
     )
 

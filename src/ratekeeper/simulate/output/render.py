@@ -70,9 +70,9 @@ def order_line(data: dict[str, Any]) -> str:
         )
     if order["late"]:
         return text + (
-            f"put back in time order within {window}; {order['late']:,} later than that "
-            f"skipped (--late skip): this report leaves out {order['late']:,} of "
-            f"{data['parsed']:,} requests"
+            f"put back in time order within {window}; {order['late']:,} came too late for "
+            f"that and were skipped (--late skip): this report leaves out {order['late']:,} "
+            f"of {data['parsed']:,} requests"
         )
     return text + f"put back in time order within {window}"
 
