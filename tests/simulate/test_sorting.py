@@ -18,6 +18,7 @@ import tempfile
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ from ratekeeper.errors import LogOrderError
 from ratekeeper.middleware import RateCheck, keys
 from ratekeeper.simulate import replay as replay_module
 from ratekeeper.simulate.reading import sort as sort_module
+from ratekeeper.simulate.reading.lines import open_log
+from ratekeeper.simulate.reading.logs import LogReader
+from ratekeeper.simulate.reading.order import Skew, sorted_entries
 from ratekeeper.simulate.reading.sort import ExternalSort
 from ratekeeper.simulate.reading.sources import Source
 from ratekeeper.simulate.replay import Options, replay
@@ -423,3 +427,25 @@ def test_gzip_streams_on_standard_input_are_copied_compressed_and_sorted(
         tmp_path, [write(tmp_path / "sorted.log", ROTATED, gz=False)], None, ("--no-suggest",)
     )
     assert report["limits"] == want["report"]["limits"]
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(p.name for p in DATA.iterdir() if p.suffix in (".log", ".json", ".jsonl", ".csv")),
+)
+def test_every_format_s_entries_go_through_the_sort_s_temporary_files(name: str) -> None:
+    """What each format's reader makes of a line (its fields, of every format) is written
+    to a run and read back as it was."""
+    with open_log(str(DATA / name)) as stream:
+        entries = list(LogReader().read(stream))
+    assert entries, name
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sort_module, "BATCH_LINES", 2)
+        with ExternalSort(itemgetter(0, 1), 3) as s:
+            got = list(sorted_entries([(iter(entries[::-1]), Skew())], 180.0, s, lambda: None))
+            assert s.written > 0
+    want = sorted(entries, key=lambda e: (e.time, "\x1f".join(e.fields.values())))
+    assert [(e.time, dict(e.fields)) for e in got] == [(e.time, dict(e.fields)) for e in want]
