@@ -4,15 +4,15 @@ let the target decide, report.
 Every log is opened at once; each is read by its own ``LogReader`` (its own format and
 counts) through a reorder buffer, and the files are merged by time (``order``). A line
 later than the buffer's window stops that (``order.Late``): the logs are read again from
-their start (``sources``: a file by its path, standard input and pipes from the copy made
-as they were read), every line sorted (``sort``), and decided on a fresh target, so the
-report covers every line whatever the disorder; ``--late skip`` leaves late lines out
-instead (asked for: a report on part of the logs), ``--late refuse`` refuses
-(``LogOrderError``). The clock is a ``ManualClock`` set to each line's time. A target keyed
-on one field (``fast_field``: the candidates) is given lists of runs, the lines of one time
-with that field of each (``LogReader.runs``), and sets the clock itself; the others are
-given each line's ``Entry``. After the replay the suggestions are worked out from each
-limit's demand (``suggest``, ``advice``). The report is plain data (``report``).
+their start (``sources``: a file through the descriptor it was opened with, standard input
+and pipes from the copy made as they were read), every line sorted (``sort``), and decided
+on a fresh target, so the report covers every line whatever the disorder; ``--late skip``
+leaves late lines out instead (asked for: a report on part of the logs), ``--late refuse``
+refuses (``LogOrderError``). The clock is a ``ManualClock`` set to each line's time. A
+target keyed on one field (``fast_field``: the candidates) is given lists of runs, the
+lines of one time with that field of each (``LogReader.runs``), and sets the clock itself;
+the others are given each line's ``Entry``. After the replay the suggestions are worked out
+from each limit's demand (``suggest``, ``advice``). The report is plain data (``report``).
 """
 
 from __future__ import annotations
