@@ -14,7 +14,13 @@ three heavy hitters) is replayed in one process, in one run:
 - ``simulate --limit``: one candidate limit, the whole replay (reading, clock, decision,
   stats, demand spooling), without and with the suggested-limit search afterwards;
 - ``simulate --checks``: the same limit as a middleware ``RateCheck`` through the WSGI
-  middleware's gate (key function, modes, headers, refunds).
+  middleware's gate (key function, modes, headers, refunds);
+- ``simulate --limit, rotated newest first``: the same log as rotated files of five
+  minutes each in one stream, newest first (``zcat access.log.3.gz ... |``): the first
+  reading stops at the second file's first line, and the log is read again, every line
+  sorted (with ``--lines`` over 1,000,000, through temporary files);
+- ``suggestions + --reject-share``: the suggestions and the one rejecting at most 1 % of
+  the requests.
 
 With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), the
 whole-replay rows and the hostile-input rows run again as child processes, alternately from
@@ -123,12 +129,22 @@ def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
         policy = make_policy(RATE, "fixed_window", None, None)
         OneRate(policy.algorithm, policy.limits[0]).hit_runs(runs)
 
-    def candidates(suggest: bool) -> Callable[[], object]:
+    def candidates(
+        suggest: bool, log: str = path, reject_share: float | None = None
+    ) -> Callable[[], object]:
         def run() -> object:
             target = CandidatesTarget({"per-ip": RATE}, "ip", "fixed_window", ManualClock(0))
-            return replay(target, Options([path], "combined", suggest=suggest), "candidates")
+            options = Options([log], "combined", suggest=suggest, reject_share=reject_share)
+            return replay(target, options, "candidates")
 
         return run
+
+    rotated_log = path + ".rotated"
+    with open(path) as f, open(rotated_log, "w") as out:
+        lines = f.readlines()
+        size = 60_000  # five minutes of the log, longer than the default --skew
+        for end in range(len(lines), 0, -size):  # rotated, newest first
+            out.writelines(lines[max(0, end - size) : end])
 
     def checks() -> object:
         check = RateCheck("per-ip", RATE, key=keys.client_ip())
@@ -144,6 +160,8 @@ def rows(path: str) -> list[tuple[str, Callable[[], object]]]:
         ("simulate --limit, no suggestions", candidates(False)),
         ("simulate --limit, with suggestions", candidates(True)),
         ("simulate --checks (WSGI gate), no suggestions", checks),
+        ("simulate --limit, rotated newest first", candidates(False, rotated_log)),
+        ("simulate --limit, suggestions + --reject-share", candidates(True, path, 0.01)),
     ]
 
 
@@ -283,6 +301,8 @@ def main() -> None:
             compare(args, path)
     finally:
         os.unlink(path)
+        if os.path.exists(path + ".rotated"):
+            os.unlink(path + ".rotated")
 
 
 if __name__ == "__main__":

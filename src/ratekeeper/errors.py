@@ -4,6 +4,7 @@
     ├── RateSpecError (also ValueError)      a rate string or cost that cannot be used
     ├── ConfigError (also ValueError)        an unknown algorithm, option or setting
     ├── BadRequest (also ValueError)         a service request that cannot be served (4xx)
+    ├── LogOrderError                        simulate cannot put a log in time order as asked
     └── StoreUnavailable                     the store failed and the limiter fails closed
 
 Being over the limit is a ``Decision``, never an exception. Driver errors are wrapped at
@@ -23,6 +24,11 @@ class RateSpecError(RatekeeperError, ValueError):
 
 class ConfigError(RatekeeperError, ValueError):
     """An algorithm name, option or setting is unknown or out of range."""
+
+
+class LogOrderError(RatekeeperError):
+    """``ratekeeper simulate`` cannot replay a log in time order as asked (``--late
+    refuse``, or no room to sort it): nothing is reported; the message names the fixes."""
 
 
 class StoreUnavailable(RatekeeperError):

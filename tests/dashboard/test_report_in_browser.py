@@ -166,3 +166,43 @@ def test_a_short_report_with_bad_lines_opens_without_errors(tmp_path: Path) -> N
         browser.screenshot("simulate-report")
     finally:
         browser.close()
+
+
+def test_the_bounded_suggestion_is_marked_and_the_legend_wraps_clear_of_the_plot(
+    tmp_path: Path,
+) -> None:
+    """With ``--reject-share`` the histogram has five legend entries: they wrap onto a
+    second row inside the chart's width, and the plot moves down below them."""
+    log = tmp_path / "access.log"
+    days_log(log)
+    report, out = tmp_path / "report.html", tmp_path / "r.json"
+    assert main(["simulate", str(log), "--limit", "per-ip=20/hour", "--reject-share", "0.01",
+                 "--html", str(report), "--json", str(out), "--no-progress"]) == 0  # fmt: skip
+    s = json.loads(out.read_text())["limits"][0]["rates"][0]["suggestions"][0]
+    assert s["requests"]["count"] is not None and s["outliers"] is not None
+    browser = Browser()
+    try:
+        browser.open(report.as_uri())
+        assert browser.errors == []
+        hist = "#limit-0 svg.histogram"
+        legend = texts(browser, f"{hist} text.legend")
+        assert legend[-1] == f"rejects at most 1.00%: {s['requests']['rate']}"
+        marks = f"document.querySelectorAll('{hist} line.mark.requests').length"
+        assert browser.evaluate(marks) == 1
+        box = browser.evaluate(
+            f"(() => {{ const svg = document.querySelector('{hist}').getBoundingClientRect();"
+            f" const r = e => e.getBoundingClientRect();"
+            f" const texts = Array.from(document.querySelectorAll('{hist} text.legend')).map(r);"
+            f" const grid = Array.from(document.querySelectorAll('{hist} line.grid')).map(r);"
+            " return {left: svg.left, right: svg.right,"
+            " rows: new Set(texts.map(t => Math.round(t.top))).size,"
+            " textRight: Math.max(...texts.map(t => t.right)),"
+            " textBottom: Math.max(...texts.map(t => t.bottom)),"
+            " plotTop: Math.min(...grid.map(g => g.top))}; })()"
+        )
+        assert box["rows"] == 2
+        assert box["textRight"] <= box["right"]
+        assert box["textBottom"] <= box["plotTop"]
+        browser.screenshot("report-reject-share.png")
+    finally:
+        browser.close()

@@ -191,10 +191,14 @@ class General:
     """A target offering only the general path (``decide`` per entry)."""
 
     def __init__(self, target: CandidatesTarget) -> None:
+        self.target = target
         self.limits = target.limits
         self.left_out = target.left_out
         self.clock = target.clock
         self.decide = target.decide
+
+    def fresh(self) -> General:
+        return General(self.target.fresh())
 
 
 POLICIES = [
@@ -255,6 +259,7 @@ def report(
     split: int = 1,
     window: float = 180.0,
     field: str = "ip",
+    late: str = "sort",
 ) -> Any:
     """The JSON report of ``limits`` over ``data`` (split in ``split`` files by line,
     given newest first), by ``decide_runs`` (``fast``) or by ``decide``."""
@@ -269,7 +274,7 @@ def report(
     target: Any = CandidatesTarget(limits, field, "fixed_window", ManualClock(0))
     if not fast:
         target = General(target)
-    options = Options(paths[::-1], suggest=suggest, window=window)
+    options = Options(paths[::-1], suggest=suggest, window=window, late=late)
     got = replay(target, options, "candidates").to_json()
     del got["seconds"], got["suggest_seconds"], got["lines_per_second"], got["files"]
     # a few late lines as examples: a run of them is one example on the fast path (with its
@@ -320,10 +325,18 @@ def test_fast_path_over_split_files_late_lines_and_missing_keys(
         if isinstance(c, Candidate)
     }
     data = random_log(random.Random(7), 2000)
-    for split, window in ((3, 180.0), (1, 3.0), (4, 5.0)):
-        fast = report(tmp_path, data, limits, True, True, split, window, "user")
-        assert fast == report(tmp_path, data, limits, False, True, split, window, "user")
+    sorted_answer = None
+    for split, window, late in ((3, 180.0, "skip"), (1, 3.0, "skip"), (4, 5.0, "skip"),
+                                (1, 3.0, "sort"), (4, 5.0, "sort")):  # fmt: skip
+        fast = report(tmp_path, data, limits, True, True, split, window, "user", late)
+        assert fast == report(tmp_path, data, limits, False, True, split, window, "user", late)
         assert fast["limits"][0]["key_missing"] > 300  # "-": no user
         assert sum(limit["would_reject"] for limit in fast["limits"]) > 30
-        if window < 180:
+        if window < 180 and late == "skip":
             assert fast["order"]["late"] > 20  # late lines counted, not decided
+        elif window < 180:  # every line sorted: the same decisions whatever the split
+            assert fast["order"]["late"] == 0 and fast["order"]["beyond_window"] > 20
+            assert fast["order"]["sorted"]
+            if sorted_answer is None:
+                sorted_answer = fast["limits"]
+            assert fast["limits"] == sorted_answer

@@ -1,13 +1,16 @@
 """One log gives the same decisions whatever order its lines come in: in file order
 (completion order, as Apache writes), sorted, reversed in chunks, split across rotated files
-given in any order, or as two servers' logs — as long as no line is further behind than the
-skew window. Lines further behind are late: counted, shown, never decided."""
+given in any order, or as two servers' logs. Within the skew window the lines stream through
+the reorder buffers; a line further behind makes the replay sort every line
+(tests/simulate/test_sorting.py), or, asked with ``--late skip``, is late: counted, shown,
+never decided."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -19,7 +22,8 @@ import pytest
 from ratekeeper import ManualClock
 from ratekeeper.cli import main
 from ratekeeper.middleware import RateCheck, keys
-from ratekeeper.simulate.reading.order import Skew, ordered_runs
+from ratekeeper.simulate.reading.logs import Entry
+from ratekeeper.simulate.reading.order import Late, Room, Skew, ordered_entries, ordered_runs
 from ratekeeper.simulate.replay import Options, replay
 from ratekeeper.simulate.targets import CandidatesTarget, ChecksTarget
 
@@ -71,9 +75,12 @@ def completion_order(requests: list[Request]) -> list[Request]:
     return sorted(requests, key=lambda r: r.done)
 
 
-def decisions(paths: list[Path], target: Any, window: float = 180.0) -> dict[str, Any]:
+def decisions(
+    paths: list[Path], target: Any, window: float = 180.0, late: str = "sort"
+) -> dict[str, Any]:
     """What the replay decided: every limit's report (not the files' own counts)."""
-    report = replay(target, Options([str(p) for p in paths], window=window), "x").to_json()
+    options = Options([str(p) for p in paths], window=window, late=late)
+    report = replay(target, options, "x").to_json()
     return {
         "limits": report["limits"],
         "decided": report["decided"],
@@ -139,8 +146,10 @@ def test_every_shape_of_one_log_gives_the_same_decisions(tmp_path: Path, algorit
     for name, paths in shapes.items():
         assert decisions(paths, candidates(algorithm)) == want, name
     # the test can fail: decided in file order, completion order changes the answer
-    unordered = decisions(shapes["completion order"], candidates(algorithm), window=0)
+    unordered = decisions(shapes["completion order"], candidates(algorithm), 0, "skip")
     assert unordered["limits"] != want["limits"]
+    # with no window at all every line is sorted: the same answer again
+    assert decisions(shapes["completion order"], candidates(algorithm), 0) == want
 
 
 def test_checks_decide_the_same_whatever_the_shape(tmp_path: Path) -> None:
@@ -169,7 +178,7 @@ def test_two_servers_with_skewed_clocks(tmp_path: Path) -> None:
     assert one["late"] == 0 and one["decided"] == len(requests)
 
 
-def test_lines_later_than_the_window_are_counted_shown_and_not_decided(
+def test_a_line_later_than_the_window_is_sorted_into_place_or_skipped_when_asked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     requests = traffic(4, seconds=300)
@@ -177,22 +186,34 @@ def test_lines_later_than_the_window_are_counted_shown_and_not_decided(
     stray = Request(START + 10, START + 10, "198.51.100.99", "/", 200, "a").line()
     log = write(tmp_path / "access.log", [*lines, stray])  # 290 s behind the line before it
     report = tmp_path / "r.json"
-    code = main(["simulate", str(log), "--limit", "per-ip=20/minute", "--json", str(report),
-                 "--no-progress"])  # fmt: skip
-    assert code == 0
+    args = ["simulate", str(log), "--limit", "per-ip=20/minute", "--json", str(report),
+            "--no-progress"]  # fmt: skip
+    # by default every line is sorted: the stray line is decided in its place
+    assert main(args) == 0
+    data = json.loads(report.read_text())
+    assert data["late"] == 0 and data["decided"] == len(requests) + 1
+    assert data["order"]["sorted"] and data["order"]["beyond_window"] == 1
+    assert data["limits"][0]["requests"] == len(requests) + 1
+    out = capsys.readouterr().out
+    assert "1 more than --skew (180 s) behind, so every line was sorted by time" in out
+    # asked with --late skip: counted, shown, not decided, and the report says so
+    assert main([*args, "--late", "skip"]) == 0
     data = json.loads(report.read_text())
     assert data["late"] == 1 and data["decided"] == len(requests)
+    assert not data["order"]["sorted"] and data["order"]["late_policy"] == "skip"
     [sample] = data["order"]["late_samples"]
     assert sample["time"] == START + 10 and sample["what"] == "198.51.100.99"
     assert sample["behind_seconds"] >= 280
     assert data["limits"][0]["requests"] == len(requests)  # the late line was not decided
     out = capsys.readouterr().out
-    assert "1 later than that, not decided" in out and "198.51.100.99" in out
-    # a wider window decides it in its place
-    code = main(["simulate", str(log), "--limit", "per-ip=20/minute", "--json", str(report),
-                 "--no-progress", "--skew", "10m"])  # fmt: skip
+    assert "1 came too late for that and were skipped (--late skip)" in out
+    assert f"this report leaves out 1 of {len(requests) + 1:,} requests" in out
+    assert "198.51.100.99" in out
+    # a wider window streams it in its place
+    assert main([*args, "--skew", "10m", "--late", "refuse"]) == 0
     data = json.loads(report.read_text())
-    assert data["late"] == 0 and data["limits"][0]["requests"] == len(requests) + 1
+    assert data["late"] == 0 and not data["order"]["sorted"]
+    assert data["limits"][0]["requests"] == len(requests) + 1
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -213,3 +234,55 @@ def test_the_reorder_buffer_sorts_what_is_within_the_window(seed: int) -> None:
     assert sorted(v for _, vs in out for v in vs) == sorted(str(i) for i in range(len(runs)))
     steps = sum(1 for a, b in pairwise(shown) if b < a)
     assert skew.backward == steps and skew.late == 0
+
+
+@pytest.mark.parametrize("window", [0.0, 1.0, 180.0])
+@pytest.mark.parametrize("late", ["sort", "skip"])
+def test_lines_of_one_time_are_decided_in_one_order_whatever_the_window(
+    tmp_path: Path, window: float, late: str
+) -> None:
+    """A 304 (refunded) and a 200 of one client in one second, under 1/minute: one order
+    admits both, the other rejects the 200. Whichever order the file has them in, and
+    whatever the window (``--skew 0`` too), the replay decides them in one order."""
+
+    def line(status: int, t: int) -> Request:
+        return Request(START + t, START + t, "10.9.9.9", "/feed", status, "a")
+
+    check = RateCheck("feed", "1/minute", key=keys.client_ip())
+    answers = []
+    for first, second in ((304, 200), (200, 304)):
+        rows = [line(first, 0), line(second, 0), line(200, 90)]
+        log = write(tmp_path / f"{first}.log", [r.line() for r in rows])
+        target = ChecksTarget([check], ManualClock(0), "enforce")
+        answers.append(decisions([log], target, window, late)["limits"])
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("path", ["runs", "entries"])
+def test_the_reorder_buffers_hold_a_bounded_number_of_lines(path: str) -> None:
+    """A file in reverse order: every line is older than the newest, so a buffer that waits
+    for a newer line would hold them all. The buffers share a ``Room``: past its limit the
+    oldest lines go early, and the lines behind them are late (``Late`` unless skipped)."""
+    times = [float(START + t) for t in range(3000, 0, -1)]
+
+    def stream(skew: Skew, room: Room) -> Iterator[Any]:
+        if path == "runs":
+            runs = [(t, [str(t)]) for t in times]
+            return ordered_runs([runs[i : i + 7] for i in range(0, len(runs), 7)], 180, skew, room)
+        return ordered_entries((Entry(t, {"ip": str(t)}) for t in times), 180, skew, room=room)
+
+    room = Room(100)
+    skew = Skew(skip=True)
+    out = 0
+    for item in stream(skew, room):
+        assert room.held <= 200
+        out += len(item) if path == "runs" else 1
+    assert skew.full and skew.late > 2000 and out + skew.late == len(times)
+    assert room.held == 0
+    with pytest.raises(Late):
+        for _ in stream(Skew(), Room(100)):
+            pass
+    # with room enough, it is put in order whole
+    whole = Skew()
+    assert sum(len(i) if path == "runs" else 1 for i in stream(whole, Room(10_000))) == 3000
+    assert whole.late == 0 and not whole.full

@@ -1,7 +1,7 @@
 """``ratekeeper simulate``: enforcement on a replayed clock.
 
 - ``reading/``: files -> entries in time order (lines, timestamps, formats, the reorder
-  buffer over the skew window);
+  buffer over the skew window, or every line sorted);
 - ``targets``: what decides — middleware checks through the WSGI middleware's gate, the
   service's engine, or candidate limits through ``Limiter.hit``'s store call — over a
   ``MemoryStore`` and a ``ManualClock`` set from each line;

@@ -12,6 +12,16 @@ the needs of all keys of one rate of one limit:
   is. Of several knees, the widest (by ratio) is taken. A credential-stuffing attack from a
   few hundred addresses among ordinary users is such a minority, as are scrapers in a crowd.
 
+- **rejects at most a share of the requests** (asked with ``reject_share``): the smallest
+  count whose replay rejects at most ``floor(reject_share * requests)`` of the limit's
+  requests, found by bisection between 0 and the largest need (which rejects nothing), a
+  replay per count tried (``Demand.rejected_at``, stopped once past the bound). Keys bound
+  the first suggestion, requests this one: one client sending half the traffic is one key
+  of many, and limiting it may reject a third of all requests. Rejections only grow as the
+  count falls for the window algorithms, so the bisection finds the smallest count; for
+  the refilling ones it finds one that keeps to the bound, the smallest in every log tried
+  (``tests/simulate/test_reject_share.py``).
+
 Each suggestion says what it would do, found by replaying the requests of the keys it limits
 through the algorithm at its count (``Demand.rejected_at``): keys limited, requests rejected
 and their share of the traffic, and the keys it stops, heaviest first, each with its share of
@@ -26,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..rates import Rate
-from .suggest import Demand, Suggestion, suggest
+from .suggest import Demand, Suggestion, largest_count, suggest
 
 KNEE_RATIO = 2.0
 """The next need must be at least this many times the one before (after adding one to each,
@@ -60,10 +70,18 @@ def advise(
     share: float,
     buckets: int | None,
     total_requests: int,
+    reject_share: float | None = None,
 ) -> dict[str, Any]:
     """The suggestions for one rate and algorithm, as JSON-ready data."""
     nobody = suggest(needs, share, algorithm, period)
     out = _impact(demand, needs, nobody, algorithm, buckets, total_requests)
+    out["requests"] = None
+    if reject_share is not None:
+        bounded = within_requests(
+            demand, needs, algorithm, period, reject_share, buckets, total_requests
+        )
+        out["requests"] = _impact(demand, needs, bounded, algorithm, buckets, total_requests)
+        out["requests"]["bound"] = reject_share
     found = knee(needs)
     if found is not None:
         low, high = found
@@ -74,6 +92,45 @@ def advise(
     else:
         out["outliers"] = None
     return out
+
+
+def within_requests(
+    demand: Demand,
+    needs: list[float],
+    algorithm: str,
+    period: float,
+    reject_share: float,
+    buckets: int | None,
+    total: int,
+) -> Suggestion:
+    """The smallest count rejecting at most ``floor(reject_share * total)`` requests (see
+    the module docstring); its ``count`` is None when even the largest count the algorithm
+    takes rejects more."""
+    allowed = math.floor(reject_share * total + 1e-9)
+
+    def fits(count: int) -> bool:
+        limited = [k for k, need in enumerate(needs) if need > count]
+        if not limited:
+            return True
+        rejected = demand.rejected_at(algorithm, count, limited, buckets, most=allowed)
+        return sum(rejected.values()) <= allowed
+
+    if not needs:
+        return Suggestion(algorithm, None, None, 0, 0)
+    top = max(needs)
+    if math.isinf(top):  # some key needs more than the algorithm counts
+        top = float(largest_count(algorithm))
+        if not fits(int(top)):
+            limited = sum(1 for x in needs if x > top)
+            return Suggestion(algorithm, None, None, limited, limited)
+    lo, hi = 0, max(1, int(top))  # hi keeps to the bound; lo does not (0: no count)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return suggest_count(needs, hi, algorithm, period)
 
 
 def suggest_count(needs: Sequence[float], count: int, algorithm: str, period: float) -> Suggestion:

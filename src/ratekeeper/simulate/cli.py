@@ -1,8 +1,10 @@
 """``ratekeeper simulate``: registers the subcommand; imports the simulator only when run.
 
-Exit status: 0 when the replay ran; 2 for a bad argument (named); 1 when the logs gave
-nothing to trust — no request parsed, most lines unparsable, or a limit's key field missing
-on most requests — with a message saying which and what to try.
+Exit status (docs/simulate.md, "Exit status", is where users read it): 0 when the replay
+ran; 2 for a bad argument (named); 1 when the logs gave nothing to trust — no request
+parsed, most lines unparsable, a limit's key field missing on most requests, or lines that
+could not be put in time order as asked (``LogOrderError``) — with a message saying which
+and what to try.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigError, RatekeeperError
+from ..errors import ConfigError, LogOrderError, RatekeeperError
 
 FORMATS = (
     "auto", "combined", "common", "traefik", "w3c", "iis", "cloudfront", "alb", "csv",
@@ -67,13 +69,20 @@ def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
                      "ip=request.remote_ip")  # fmt: skip
     fmt.add_argument("--skew", default="3m", metavar="DURATION",
                      help="how far a line may lag the newest line of its file and still be "
-                     "decided in time order, e.g. 90s, 3m (default), 0 for file order")  # fmt: skip
+                     "streamed in time order, e.g. 90s, 3m (default)")  # fmt: skip
+    fmt.add_argument("--late", choices=("sort", "skip", "refuse"), default="sort",
+                     help="a line further behind than --skew: sort every line (default; "
+                     "the logs are read again), skip such lines (a report on part of the "
+                     "logs), or refuse (exit 1)")  # fmt: skip
     fmt.add_argument("--max-line", type=int, default=None, metavar="CHARS",
                      help="longer lines are counted bad, not read (default 65536)")  # fmt: skip
     out = p.add_argument_group("report")
     out.add_argument("--share", type=float, default=0.001,
                      help="suggest the smallest rate limiting at most this share "
                      "of keys")  # fmt: skip
+    out.add_argument("--reject-share", type=float, default=None, metavar="SHARE",
+                     help="also suggest the smallest rate rejecting at most this share of "
+                     "requests, e.g. 0.01")  # fmt: skip
     out.add_argument("--algorithms", default="",
                      help="comma-separated algorithms to suggest limits for (default: each "
                      "limit's own)")  # fmt: skip
@@ -183,6 +192,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         if not 0 <= args.share < 1:
             raise ConfigError(f"--share {args.share!r} is invalid; expected 0 <= share < 1")
+        if args.reject_share is not None and not 0 <= args.reject_share < 1:
+            raise ConfigError(
+                f"--reject-share {args.reject_share!r} is invalid; expected 0 <= share < 1"
+            )
         algorithms = [a for a in args.algorithms.split(",") if a]
         from ..algorithms import ALGORITHMS
 
@@ -198,8 +211,23 @@ def run_simulate(args: argparse.Namespace) -> int:
             args.logs, args.format, args.time_field, _pairs(args.field, "--field"),
             args.share, algorithms, args.top, not args.no_suggest,
             window=parse_duration(args.skew), max_line=args.max_line or MAX_LINE,
+            late=args.late, reject_share=args.reject_share,
         )  # fmt: skip
         report = replay(target, options, mode, progress_stream(args.progress))
+    except LogOrderError as exc:  # nothing to report: the message names the fixes
+        print(f"ratekeeper simulate: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the suggestions' spool or a copy could not be written
+        import tempfile
+
+        where = exc.filename or f"temporary files in {tempfile.gettempdir()}"
+        print(
+            f"ratekeeper simulate: cannot write {where} ({exc.strerror or exc}): nothing is "
+            "reported. Set TMPDIR to a directory with room, or leave out the suggestions "
+            "(--no-suggest), whose requests wait there.",
+            file=sys.stderr,
+        )
+        return 1
     except RatekeeperError as exc:  # ConfigError, RateSpecError: they name the bad value
         print(f"ratekeeper simulate: {exc}", file=sys.stderr)
         return 2

@@ -2,11 +2,16 @@
 let the target decide, report.
 
 Every log is opened at once; each is read by its own ``LogReader`` (its own format and
-counts) through a reorder buffer, and the files are merged by time (``order``). The clock is
-a ``ManualClock`` set to each line's time. A target keyed on one field (``fast_field``: the
-candidates) is given lists of runs, the lines of one time with that field of each
-(``LogReader.runs``), and sets the clock itself; the others are given each line's
-``Entry``. After the replay the suggestions are worked out
+counts) through a reorder buffer, and the files are merged by time (``order``). A line
+later than the buffer's window stops that (``order.Late``): the logs are read again from
+their start (``sources``: a file through the descriptor it was opened with, standard input
+and pipes from the copy made as they were read), every line sorted (``sort``), and decided
+on a fresh target, so the report covers every line whatever the disorder; ``--late skip``
+leaves late lines out instead (asked for: a report on part of the logs), ``--late refuse``
+refuses (``LogOrderError``). The clock is a ``ManualClock`` set to each line's time. A
+target keyed on one field (``fast_field``: the candidates) is given lists of runs, the
+lines of one time with that field of each (``LogReader.runs``), and sets the clock itself;
+the others are given each line's ``Entry``. After the replay the suggestions are worked out
 from each limit's demand (``suggest``, ``advice``). The report is plain data (``report``).
 """
 
@@ -18,21 +23,34 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from operator import itemgetter
 from typing import IO, Any
 
 from ..clock import ManualClock
+from ..errors import ConfigError, LogOrderError
 from .advice import advise
 from .output.report import LogFile, Report, bucket_seconds
-from .reading.lines import MAX_LINE, open_log
+from .reading.lines import MAX_LINE
 from .reading.logs import Entry, LogReader, LogStats, Run
 from .reading.order import (
     DEFAULT_WINDOW,
-    Keyed,
+    HELD_ENTRIES,
+    HELD_RUN_LINES,
+    Late,
+    Room,
+    Skew,
+    SortedEntry,
     merged_entries,
     merged_runs,
     ordered_entries,
     ordered_runs,
+    run_lines,
+    sorted_entries,
+    sorted_runs,
 )
+from .reading.sort import ExternalSort
+from .reading.sources import Source
 from .stats import LimitStats
 from .suggest import quantiles
 
@@ -58,59 +76,51 @@ class Options:
     window: float = DEFAULT_WINDOW
     """Seconds a line may lag the newest line of its file before it (``order``)."""
     max_line: int = MAX_LINE
+    late: str = "sort"
+    """A line further behind than ``window``: ``sort`` every line (the logs are read again),
+    ``skip`` it (counted, not decided: a report on part of the logs), or ``refuse``."""
+    reject_share: float | None = None
+    """Also suggest the smallest count rejecting at most this share of the requests."""
 
 
 def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = None) -> Report:
     """Run every log through ``target`` (a ``ChecksTarget``, ``ServiceTarget`` or
-    ``CandidatesTarget``)."""
-    clock: ManualClock = target.clock
-    if options.suggest:
-        for stats in target.limits.values():
-            stats.track_demand()
-    name = getattr(target, "fast_field", None)
-    files: list[LogFile] = []
+    ``CandidatesTarget``): streaming, and when a line comes later than ``options.window``
+    (and ``options.late`` is ``sort``) once more from the start, every line sorted, on a
+    ``target.fresh()``. ``LogOrderError`` when that cannot be done (``late="refuse"``, or
+    no room for the sort)."""
+    if options.late not in LATE:
+        raise ConfigError(f"--late {options.late!r} is invalid; expected one of {', '.join(LATE)}")
+    if list(options.logs).count("-") > 1:
+        raise ConfigError("- (standard input) is given more than once; give it once")
     started = time.perf_counter()
-    first = last = None
     with ExitStack() as stack:
-        runs: list[Iterator[list[Run]]] = []
-        entries: list[Iterator[Keyed]] = []
-        for path in options.logs:
-            stream = stack.enter_context(open_log(path))
-            reader = LogReader(options.fmt, options.time_field, options.aliases, options.max_line)
-            f = LogFile(path, reader)
-            files.append(f)
-            if name is not None:
-                runs.append(ordered_runs(reader.runs(stream, name), options.window, f.skew))
-            else:
-                entries.append(ordered_entries(reader.read(stream), options.window, f.skew))
-        bar = _Progress(progress, options.logs, files) if progress is not None else None
-        if name is not None:
-            decide_runs = target.decide_runs
-            for batch in merged_runs(runs):
-                if first is None:
-                    first = batch[0][0]
-                last = batch[-1][0]
-                decide_runs(batch)  # sets the clock itself
-                if bar is not None:
-                    bar.tick()
-        else:
-            decide = target.decide
-            entry: Entry
-            for i, entry in enumerate(merged_entries(entries)):
-                t = entry.time
-                if first is None:
-                    first = t
-                last = t
-                clock._now = t
-                decide(entry, int(t * 1000 + 0.5))
-                if bar is not None and not i % 4096:
-                    bar.tick()
-    elapsed = time.perf_counter() - started
-    if bar is not None:
-        bar.done()
+        sources = [Source(path, copy=options.late == "sort") for path in options.logs]
+        for source in sources:
+            stack.callback(source.close)
+        try:
+            done = _decide(target, options, sources, progress, late=None)
+        except Late as late:
+            if options.late == "refuse":
+                fast = getattr(target, "fast_field", None) is not None
+                held = HELD_RUN_LINES if fast else HELD_ENTRIES
+                raise LogOrderError(_refused(late, options.window, held)) from None
+            _drop_demand(target)
+            target = target.fresh()
+            try:
+                done = _decide(target, options, sources, progress, late=late)
+            except LogOrderError as exc:
+                raise LogOrderError(
+                    f"{late.skew.name} is further out of time order than --skew "
+                    f"({options.window:,.0f} s) and {exc}: nothing is reported. "
+                    f"{_fixes(late, options.window)}, or set TMPDIR to a directory with room."
+                ) from None
+    files, first, last, written = done
+    elapsed = time.perf_counter() - started  # both readings when it sorted
     report = Report(
         files, list(target.limits.values()), list(target.left_out), mode, options.share,
-        elapsed, first, last, options.window, top=options.top,
+        elapsed, first, last, options.window, top=options.top, late=options.late,
+        sorted_bytes=written, reject_share=options.reject_share,
     )  # fmt: skip
     try:
         if options.suggest:
@@ -120,10 +130,147 @@ def replay(target: Any, options: Options, mode: str, progress: IO[str] | None = 
                 report.timelines[stats.name] = _timelines(report, stats)
             report.suggest_seconds = time.perf_counter() - began
     finally:
-        for stats in report.limits:
-            for d in stats.demand:
-                d.close()
+        _drop_demand(target)
     return report
+
+
+LATE = ("sort", "skip", "refuse")
+"""What a line later than the skew window makes the replay do (``--late``)."""
+
+
+def _decide(
+    target: Any,
+    options: Options,
+    sources: list[Source],
+    progress: IO[str] | None,
+    late: Late | None,
+) -> tuple[list[LogFile], float | None, float | None, int | None]:
+    """Read every log and let ``target`` decide each line in time order: through the
+    reorder buffers (``late`` None) or, after ``late``, every line sorted. (files, first
+    time, last time, bytes the sort wrote or None when it did not sort)."""
+    clock: ManualClock = target.clock
+    if options.suggest:
+        for stats in target.limits.values():
+            stats.track_demand()
+    name = getattr(target, "fast_field", None)
+    files: list[LogFile] = []
+    first = last = None
+    written = None
+    sorter: ExternalSort[Any] | None = None
+    with ExitStack() as stack:
+        runs: list[Iterator[list[Run]]] = []
+        entries: list[Iterator[Entry]] = []
+        for source in sources:
+            stream = stack.enter_context(source.open() if late is None else source.again())
+            reader = LogReader(options.fmt, options.time_field, options.aliases, options.max_line)
+            f = LogFile(source.path, reader, Skew(name=source.name, skip=options.late == "skip"))
+            files.append(f)
+            if name is not None:
+                runs.append(reader.runs(stream, name))
+            else:
+                entries.append(reader.read(stream))
+        bar = _Progress(progress, options.logs, files) if progress is not None else None
+        tick = bar.tick if bar is not None else _nothing
+        skews = [f.skew for f in files]
+        if name is not None:
+            if late is None:
+                room = Room(HELD_RUN_LINES)  # the files' buffers share it
+                batches = merged_runs(
+                    [
+                        ordered_runs(r, options.window, s, room)
+                        for r, s in zip(runs, skews, strict=True)
+                    ]
+                )
+            else:
+                by_time: ExternalSort[Run] = ExternalSort(
+                    itemgetter(0), HELD_RUN_LINES, lines=run_lines
+                )
+                sorter = stack.enter_context(by_time)
+                batches = sorted_runs(zip(runs, skews, strict=True), options.window, by_time, tick)
+            decide_runs = target.decide_runs
+            for batch in batches:
+                if first is None:
+                    first = batch[0][0]
+                last = batch[-1][0]
+                decide_runs(batch)  # sets the clock itself
+                tick()
+        else:
+            if late is None:
+                shared = Room(HELD_ENTRIES)
+                ordered: Iterator[Entry] = merged_entries(
+                    [
+                        ordered_entries(e, options.window, s, room=shared)
+                        for e, s in zip(entries, skews, strict=True)
+                    ]
+                )
+            else:
+                by_key: ExternalSort[SortedEntry] = ExternalSort(itemgetter(0, 1), HELD_ENTRIES)
+                sorter = stack.enter_context(by_key)
+                ordered = sorted_entries(
+                    zip(entries, skews, strict=True), options.window, by_key, tick
+                )
+            decide = target.decide
+            entry: Entry
+            for i, entry in enumerate(ordered):
+                t = entry.time
+                if first is None:
+                    first = t
+                last = t
+                clock._now = t
+                decide(entry, int(t * 1000 + 0.5))
+                if not i % 4096:
+                    tick()
+        if sorter is not None:
+            written = sorter.written
+    if bar is not None:
+        bar.done()
+    return files, first, last, written
+
+
+def _nothing() -> None:
+    pass
+
+
+def _drop_demand(target: Any) -> None:
+    """Close the temporary files of the limits' demand."""
+    for stats in target.limits.values():
+        for d in stats.demand:
+            d.close()
+
+
+def _refused(late: Late, window: float, held: int) -> str:
+    """Why ``--late refuse`` refused, and what to do."""
+    if late.behind > window:
+        why = (
+            f"is {late.behind:,.0f} s behind the newest line before it, further than --skew "
+            f"({window:,.0f} s)"
+        )
+    else:  # the buffers were full: lines went before their time
+        why = (
+            "came after newer lines were decided: the reorder buffers were full (they hold "
+            f"about {held:,} lines)"
+        )
+    return (
+        f"{late.skew.name}: a line at {_utc(late.time)} {why}, and --late refuse was given: "
+        f"nothing is reported. {_fixes(late, window)}, or leave out --late refuse (every "
+        "line is then sorted)."
+    )
+
+
+def _fixes(late: Late, window: float) -> str:
+    """What puts a log in order before simulate reads it, or lets it stream."""
+    out = (
+        "Sort the lines by time first, or give rotated logs as separate files (in any order) "
+        "rather than one stream"
+    )
+    if late.behind > window:
+        minutes = max(1, math.ceil(late.behind / 60))
+        out += f", or give --skew {minutes}m or more (more if other lines are further behind)"
+    return out
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
@@ -137,8 +284,9 @@ def _suggestions(stats: LimitStats, options: Options) -> list[dict[str, Any]]:
             if algorithm == stats.algorithm or not peak:
                 peak = quantiles(needs)
             advice = advise(
-                demand, needs, algorithm, rate.period, options.share, stats.buckets, requests
-            )
+                demand, needs, algorithm, rate.period, options.share, stats.buckets, requests,
+                options.reject_share,
+            )  # fmt: skip
             advice["peak"] = _finite(quantiles(needs))
             advice["distribution"] = _histogram(needs)
             advice["candidate"] = {

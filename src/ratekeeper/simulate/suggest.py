@@ -185,10 +185,17 @@ class Demand:
         return [math.inf if h >= ceiling else float(h) for h in hi]
 
     def rejected_at(
-        self, algorithm: str, count: int, kids: Collection[int], buckets: int | None = None
+        self,
+        algorithm: str,
+        count: int,
+        kids: Collection[int],
+        buckets: int | None = None,
+        most: int | None = None,
     ) -> dict[int, int]:
         """Requests of each key of ``kids`` that ``count`` per period rejects (one pass
-        over the events; a key's decisions depend on its own requests only)."""
+        over the events; a key's decisions depend on its own requests only). With
+        ``most``, the pass stops once more than ``most`` are rejected in all (the counts
+        are then partial: only their sum passing ``most`` is known)."""
         module: Any = ALGORITHMS[algorithm]
         options = {"buckets": buckets} if buckets and "buckets" in module.OPTIONS else {}
         try:
@@ -199,6 +206,7 @@ class Demand:
         wanted = set(kids)
         states: dict[int, Any] = {}
         out = dict.fromkeys(wanted, 0)
+        left = math.inf if most is None else most
         self._flush()
         for chunk in _chunks(self._spool):
             events = iter(chunk)
@@ -209,6 +217,9 @@ class Demand:
                         states[k] = refund(new, limit, now, -cost) if cost < 0 else new
                     else:
                         out[k] += 1
+                        left -= 1
+            if left < 0:
+                break
         return out
 
     def timelines(self, kids: Collection[int], bucket_ms: int) -> dict[int, Counter[int]]:
@@ -308,6 +319,11 @@ def _next(plan: int, ok: bool, count: int, least: int) -> tuple[int, int]:
 def _ceiling(module: Any) -> int:
     """One past the largest count the search tries."""
     return int(getattr(module, "MAX_COUNT", 10**9)) + 1
+
+
+def largest_count(algorithm: str) -> int:
+    """The largest count the search tries for ``algorithm``."""
+    return _ceiling(ALGORITHMS[algorithm]) - 1
 
 
 def quantiles(needs: list[float]) -> dict[str, float]:

@@ -88,6 +88,7 @@ class ChecksTarget:
     fast_field = None
 
     def __init__(self, checks: Sequence[Check], clock: ManualClock, mode: str) -> None:
+        self._given = (list(checks), mode)
         self.rate_checks = [c for c in checks if isinstance(c, RateCheck)]
         self.left_out = [c.name for c in checks if not isinstance(c, RateCheck)]
         if not self.rate_checks:
@@ -105,6 +106,11 @@ class ChecksTarget:
         self._demand = [(i, c, self.limits[c.name]) for i, c in enumerate(self.rate_checks)]
         self._windows: list[tuple[int, str, str]] = []
         """(check position, store key, rate) of the hits rejected in this request."""
+
+    def fresh(self) -> ChecksTarget:
+        """The same checks with nothing decided yet (a replay that starts over)."""
+        checks, mode = self._given
+        return ChecksTarget(checks, ManualClock(0.0), mode)
 
     def decide(self, entry: Entry, now_ms: int) -> None:
         request = request_of(entry.fields)
@@ -163,6 +169,7 @@ class CandidatesTarget:
         from ..limiter import Limiter
         from ..plan import make_policy
 
+        self._given = (dict(limits), field, algorithm)
         self.left_out: list[str] = []
         self.clock = clock
         self.limits: dict[str, LimitStats] = {}
@@ -188,6 +195,11 @@ class CandidatesTarget:
                 self._fast.append(None)
         self.fast_field = fields.pop() if len(fields) == 1 else None
         """The one field every candidate is keyed by (None: they differ, no fast path)."""
+
+    def fresh(self) -> CandidatesTarget:
+        """The same candidates with nothing decided yet (a replay that starts over)."""
+        limits, field, algorithm = self._given
+        return CandidatesTarget(limits, field, algorithm, ManualClock(0.0))
 
     def decide(self, entry: Entry, now_ms: int) -> None:
         fields = entry.fields
@@ -259,6 +271,7 @@ class ServiceTarget:
         from ..service.envoy.rls import Descriptor, Envoy
         from ..service.metrics import Metrics as ServiceMetrics
 
+        self._given = (config, dict(keys), dict(descriptors))
         self._envoy_key = envoy_key
         self._descriptor = Descriptor
         for name in keys:
@@ -298,6 +311,11 @@ class ServiceTarget:
         metrics = _Recording()
         self.engine = Engine(config, limiter, metrics, clock)
         self.envoy = Envoy(self.engine, metrics.envoy)
+
+    def fresh(self) -> ServiceTarget:
+        """The same policies with nothing decided yet (a replay that starts over)."""
+        config, keys, descriptors = self._given
+        return ServiceTarget(config, keys, descriptors, ManualClock(0.0))
 
     def decide(self, entry: Entry, now_ms: int) -> None:
         fields = entry.fields

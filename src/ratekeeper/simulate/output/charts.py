@@ -26,7 +26,7 @@ STEPS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 864
 """Time-axis tick steps (seconds): the shortest that gives at most ``TICKS`` ticks."""
 TICKS = 8
 COLORS = {"requests": "#7aa6d8", "rejected": "#d9534f", "gap": "#eceff3"}
-MARKS = {"candidate": "#1d2733", "nobody": "#2e7d32", "outliers": "#e07b00"}
+MARKS = {"candidate": "#1d2733", "nobody": "#2e7d32", "outliers": "#e07b00", "requests": "#7b3fa0"}
 
 
 def esc(x: Any) -> str:
@@ -110,20 +110,37 @@ def _short(v: float) -> str:
     return f"{v:g}"
 
 
-def _legend(items: Sequence[tuple[str, str, str]], x: float = LEFT) -> list[str]:
-    """(class or colour, label, kind: box or line) in a row above the plot."""
+LEGEND_ROW = 18
+"""Pixels between the rows of a legend that does not fit on one."""
+
+
+def _legend(items: Sequence[tuple[str, str, str]], x: float = LEFT) -> tuple[list[str], int]:
+    """(class or colour, label, kind: box or line) in rows above the plot, a new row when
+    one would run past the chart's width; and how many rows."""
     parts = []
+    left, y = x, 0
     for color, label, kind in items:
+        width = 30 + 7 * len(label)
+        if x > left and x + width > W - RIGHT:
+            x, y = left, y + LEGEND_ROW
         if kind == "box":
-            parts.append(f'<rect x="{x:.0f}" y="8" width="12" height="10" fill="{color}"/>')
+            parts.append(f'<rect x="{x:.0f}" y="{8 + y}" width="12" height="10" fill="{color}"/>')
         else:
             parts.append(
-                f'<line x1="{x:.0f}" y1="13" x2="{x + 14:.0f}" y2="13" stroke="{color}" '
-                'stroke-width="2" stroke-dasharray="4 3"/>'
+                f'<line x1="{x:.0f}" y1="{13 + y}" x2="{x + 14:.0f}" y2="{13 + y}" '
+                f'stroke="{color}" stroke-width="2" stroke-dasharray="4 3"/>'
             )
-        parts.append(f'<text class=legend x="{x + 18:.0f}" y="17">{esc(label)}</text>')
-        x += 30 + 7 * len(label)
-    return parts
+        parts.append(f'<text class=legend x="{x + 18:.0f}" y="{17 + y}">{esc(label)}</text>')
+        x += width
+    return parts, 1 + y // LEGEND_ROW
+
+
+def _below_legend(parts: list[str], rows: int) -> tuple[list[str], int]:
+    """The plot moved down for a legend of ``rows`` rows, and the chart's height."""
+    shift = LEGEND_ROW * (rows - 1)
+    if not shift:
+        return parts, H
+    return [f'<g transform="translate(0 {shift})">', *parts, "</g>"], H + shift
 
 
 def timeline(
@@ -157,11 +174,15 @@ def timeline(
             f'width="{width:.1f}" height="{frame.y(0) - frame.y(rejected):.1f}"/></g>'
         )
     parts += _time_axis(frame, t0, t1, offset, zone)
-    parts += _legend(
+    legend, rows = _legend(
         [(COLORS["requests"], "requests", "box"), (COLORS["rejected"], "would be rejected", "box"),
          (COLORS["gap"], "no lines in the log", "box")]
     )  # fmt: skip
-    return _svg("requests and would-be rejections over time", parts, kind="timeline")
+    parts, height = _below_legend(parts, rows)
+    return _svg(
+        "requests and would-be rejections over time", legend + parts, height=height,
+        kind="timeline",
+    )  # fmt: skip
 
 
 def _gaps(
@@ -284,8 +305,9 @@ def histogram(
         f"text-anchor=middle>peak requests of a key per {esc(window)} window "
         "(power-of-two bins)</text>"
     )
-    parts += _legend(legend)
-    return _svg("keys by peak usage", parts, kind="histogram")
+    drawn, rows = _legend(legend)
+    parts, height = _below_legend(parts, rows)
+    return _svg("keys by peak usage", drawn + parts, height=height, kind="histogram")
 
 
 def _through(bins: Sequence[Sequence[Any]], count: int) -> list[Sequence[Any]]:

@@ -44,7 +44,13 @@ def page(data: dict[str, Any]) -> str:
         f"{data['decided']:,} decided, from <b>{esc(when(data['first'], zone))}</b> to "
         f"<b>{esc(when(data['last'], zone))}</b> ({esc(data['zone'])}, the logs' time zone); "
         f"mode <b>{esc(data['mode'])}</b>; suggestions touch at most {data['share']:.2%} of "
-        "keys.</p>",
+        "keys"
+        + (
+            f", or reject at most {data['reject_share']:.2%} of requests"
+            if data.get("reject_share") is not None
+            else ""
+        )
+        + ".</p>",
         _files(data),
     ]
     if data["unparsable_samples"]:
@@ -73,13 +79,37 @@ def page(data: dict[str, Any]) -> str:
     )
 
 
+def _order(data: dict[str, Any]) -> str:
+    """How the lines were put in time order (HTML)."""
+    order = data["order"]
+    window = f"{order['window_seconds']:,.0f} s"
+    if order["sorted"]:
+        return (
+            f"{order['beyond_window']:,} lines were more than {window} (<code>--skew</code>) "
+            "behind the newest line before them, so every line was sorted by time: every "
+            "line is decided in its place."
+        )
+    if order["late"]:
+        return (
+            f"Lines are put back in time order within {window} and the files merged by time; "
+            f"<span class=bad>{order['late']:,} lines came too late for that and were skipped "
+            f"(<code>--late skip</code>): this report leaves out {order['late']:,} of "
+            f"{data['parsed']:,} requests</span>."
+        )
+    return (
+        f"Lines are put back in time order within {window} and the files merged by time; "
+        "every line is decided in its place."
+    )
+
+
 def _files(data: dict[str, Any]) -> str:
     order = data["order"]
     rows = "".join(
         f"<tr><td><code>{esc(f['path'])}</code></td><td>{esc(f['detected'])}</td>"
         f"<td class=n>{f['lines']:,}</td><td class=n>{f['parsed']:,}</td>"
         f"<td class=n>{f['unparsable']:,}</td><td class=n>{f['backward_steps']:,}</td>"
-        f"<td class=n>{f['largest_lag_seconds']:,.0f} s</td><td class=n>{f['late']:,}</td></tr>"
+        f"<td class=n>{f['largest_lag_seconds']:,.0f} s</td>"
+        f"<td class=n>{f['late'] or f['beyond_window']:,}</td></tr>"
         for f in data["files"]
     )
     late = "".join(
@@ -90,13 +120,9 @@ def _files(data: dict[str, Any]) -> str:
     return (
         "<section class=files><h2>Logs</h2><table><tr><th>file</th><th>detected format</th>"
         "<th class=n>lines</th><th class=n>requests</th><th class=n>unparsable</th>"
-        "<th class=n>back in time</th><th class=n>furthest behind</th><th class=n>late</th></tr>"
-        f"{rows}</table><p>Lines are put back in time order within "
-        f"{order['window_seconds']:,.0f} s and the files merged by time; "
-        f"<span class={'bad' if order['late'] else 'muted'}>{order['late']:,} lines came later "
-        "than that and were not decided</span>.</p>"
-        + (f"<ul>{late}</ul>" if late else "")
-        + "</section>"
+        "<th class=n>back in time</th><th class=n>furthest behind</th>"
+        "<th class=n>further than --skew</th></tr>"
+        f"{rows}</table><p>{_order(data)}</p>" + (f"<ul>{late}</ul>" if late else "") + "</section>"
     )
 
 
@@ -174,7 +200,16 @@ def _rate(rate: dict[str, Any], limit: dict[str, Any]) -> str:
         ]
         if outliers is not None:
             marks.append(("outliers", outliers["count"], f"stops the outliers: {outliers['rate']}"))
+        bounded = s.get("requests")
+        if bounded is not None:
+            marks.append(
+                ("requests", bounded["count"], f"rejects at most {bounded['bound']:.2%}: "
+                 f"{bounded['rate']}")
+            )  # fmt: skip
         rows = [_suggestion("touches almost nobody", s, rate["keys"])]
+        if bounded is not None:
+            kind = f"rejects at most {bounded['bound']:.2%} of requests"
+            rows.append(_suggestion(kind, bounded, rate["keys"]))
         if outliers is not None:
             low, high = outliers["gap"]
             gap = f"the bulk peaks at ≤{low:,}, the outliers at ≥{high:,}" if high else ""
@@ -209,7 +244,9 @@ def _suggestion(kind: str, s: dict[str, Any], keys: int, note: str = "") -> str:
     more = s["limited_keys"] - len(s["stops"])
     if more > 0:
         stops += f" and {more:,} more"
-    css = "suggested" if kind == "touches almost nobody" else "outliers"
+    css = {"touches almost nobody": "suggested", "stops the outliers": "outliers"}.get(
+        kind, "bounded"
+    )
     return (
         f"<tr><td>{esc(kind)}</td><td><b class={css}>{esc(s['rate'] or 'none')}</b>"
         + (f"<br><span class=muted>{esc(note)}</span>" if note else "")

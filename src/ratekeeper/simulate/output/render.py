@@ -38,14 +38,8 @@ def text(data: dict[str, Any]) -> str:
         f"from {when(data['first'], zone)} to {when(data['last'], zone)} ({data['zone']}); "
         f"mode: {data['mode']}",
     ]
-    order = data["order"]
-    out.append(
-        f"order: {order['backward_steps']:,} lines earlier than the line before them "
-        f"(the furthest {order['largest_lag_seconds']:,.0f} s behind); put back in time order "
-        f"within {order['window_seconds']:,.0f} s; {order['late']:,} later than that, "
-        "not decided"
-    )
-    for s in order["late_samples"]:
+    out.append(order_line(data))
+    for s in data["order"]["late_samples"]:
         out.append(
             f"  late line at {when(s['time'], zone)}, {s['behind_seconds']:,.0f} s behind: "
             f"{s['what'][:60]!r}"
@@ -57,6 +51,30 @@ def text(data: dict[str, Any]) -> str:
     for limit in data["limits"]:
         out.extend(_limit(limit, zone, data["share"]))
     return "\n".join(out) + "\n"
+
+
+def order_line(data: dict[str, Any]) -> str:
+    """How far from time order the logs were, and how they were put back in it."""
+    order = data["order"]
+    text = (
+        f"order: {order['backward_steps']:,} lines earlier than the line before them "
+        f"(the furthest {order['largest_lag_seconds']:,.0f} s behind); "
+    )
+    window = f"{order['window_seconds']:,.0f} s"
+    if order["sorted"]:
+        written = order["sort_temporary_bytes"]
+        return text + (
+            f"{order['beyond_window']:,} more than --skew ({window}) behind, so every line "
+            "was sorted by time"
+            + (f" ({written / 1e6:,.1f} MB of temporary files)" if written else " (in memory)")
+        )
+    if order["late"]:
+        return text + (
+            f"put back in time order within {window}; {order['late']:,} came too late for "
+            f"that and were skipped (--late skip): this report leaves out {order['late']:,} "
+            f"of {data['parsed']:,} requests"
+        )
+    return text + f"put back in time order within {window}"
 
 
 def _limit(limit: dict[str, Any], zone: int, share: float) -> list[str]:
@@ -97,6 +115,12 @@ def _limit(limit: dict[str, Any], zone: int, share: float) -> list[str]:
                 f"{rate['keys']:,} keys:"
             )
             out.append("    touches almost nobody: " + _suggestion(s, rate["keys"], share))
+            bounded = s.get("requests")
+            if bounded is not None:
+                out.append(
+                    f"    rejects at most {bounded['bound']:.2%} of requests: "
+                    + _suggestion(bounded, rate["keys"])
+                )
             if s["outliers"] is not None:
                 low, high = s["outliers"]["gap"]
                 out.append(

@@ -52,6 +52,7 @@ class LogFile:
             "other": stats.other,
             "backward_steps": skew.backward,
             "largest_lag_seconds": round(skew.largest, 3),
+            "beyond_window": skew.beyond,
             "late": skew.late,
             "fields": self.reader.field_names,
         }
@@ -70,6 +71,13 @@ class Report:
     first: float | None
     last: float | None
     window: float = 0.0
+    late: str = "sort"
+    """What a line further behind than ``window`` made the replay do (``--late``)."""
+    sorted_bytes: int | None = None
+    """None: the lines streamed through the reorder buffers; else every line was sorted,
+    writing this many bytes of temporary files (0: in memory)."""
+    reject_share: float | None = None
+    """The share of requests the third suggestion rejects at most (None: not asked)."""
     suggestions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     timelines: dict[str, dict[str, Counter[int]]] = field(default_factory=dict)
     """Per limit, requests per timeline bucket of each top key (when demand was kept)."""
@@ -122,8 +130,12 @@ class Report:
             "files": [f.to_json() for f in self.files],
             "order": {
                 "window_seconds": self.window,
+                "late_policy": self.late,
+                "sorted": self.sorted_bytes is not None,
+                "sort_temporary_bytes": self.sorted_bytes,
                 "backward_steps": skew.backward,
                 "largest_lag_seconds": round(skew.largest, 3),
+                "beyond_window": skew.beyond,
                 "late": skew.late,
                 "late_samples": [
                     {"time": t, "behind_seconds": round(lag, 3), "what": what}
@@ -136,6 +148,7 @@ class Report:
             "zone_offset_seconds": self.zone,
             "mode": self.mode,
             "share": self.share,
+            "reject_share": self.reject_share,
             "seconds": round(self.elapsed, 3),
             "suggest_seconds": round(self.suggest_seconds, 3),
             "lines_per_second": round(log.lines / self.elapsed) if self.elapsed else None,

@@ -6,5 +6,8 @@
   lines, dotted paths, server presets), ``combined`` (the common log format family, a block
   of lines per ``findall``); ``logs``: one stream -> ``Entry``s, or runs of one time and one
   field;
-- ``order``: a reorder buffer per file over the skew window, files merged by time.
+- ``order``: a reorder buffer per file over the skew window, files merged by time; when a
+  line is further behind, every line sorted (``sort``: an external merge sort over
+  temporary runs), the logs read again from their start (``sources``: standard input and
+  pipes from a copy made as they were read).
 """

@@ -41,15 +41,23 @@ KEPT = 100
 
 def open_log(path: str) -> IO[bytes]:
     """A binary stream of the log at ``path`` (``-``: stdin), un-gzipped if it is gzip."""
-    raw: IO[bytes]
+    return gunzipped(open_raw(path))
+
+
+def open_raw(path: str) -> IO[bytes]:
+    """The log at ``path`` (``-``: stdin) as it is stored."""
     if path == "-":
-        raw = sys.stdin.buffer
-    else:
-        try:
-            raw = open(path, "rb")  # noqa: SIM115  # closed by the caller
-        except OSError as exc:
-            raise ConfigError(f"cannot read log {path!r}: {exc.strerror or exc}") from None
-    head = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
+        return sys.stdin.buffer
+    try:
+        return open(path, "rb")  # closed by the caller
+    except OSError as exc:
+        raise ConfigError(f"cannot read log {path!r}: {exc.strerror or exc}") from None
+
+
+def gunzipped(raw: IO[bytes]) -> IO[bytes]:
+    """``raw`` un-gzipped when its first bytes say it is gzip, whatever its name."""
+    buffered = isinstance(raw, io.BufferedReader | io.BufferedRandom)
+    head = raw.peek(2)[:2] if buffered else b""  # type: ignore[attr-defined]  # both peek
     if head == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]  # a binary stream
     return raw
