@@ -50,7 +50,7 @@ def charge_of(
 ) -> int | None:
     """The settle's figure for this response, or None to cancel (module docstring)."""
     usage = meter.usage
-    clean = usage is not None and not meter.problems
+    clean = usage is not None and not meter.problems and how != "timeout"
     if status >= 500:
         return priced(price, usage) if clean and usage is not None else None
     if status >= 400:
