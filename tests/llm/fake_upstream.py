@@ -44,7 +44,9 @@ class FakeUpstream:
             self.log.append(entry)
 
     async def __call__(
-        self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Message]],
         send: Callable[[Message], Awaitable[None]],
     ) -> None:
         if scope["type"] == "lifespan":
@@ -81,7 +83,9 @@ class FakeUpstream:
             return
         mode = headers.get("x-fake-mode", "")
         if mode == "500":
-            await _json(send, 500, b'{"error": {"message": "upstream down", "type": "server_error"}}')
+            await _json(
+                send, 500, b'{"error": {"message": "upstream down", "type": "server_error"}}'
+            )
             return
         most = _most(api, body)
         output = int(headers.get("x-fake-output", "20"))
@@ -89,7 +93,9 @@ class FakeUpstream:
             output = min(output, most)
         if api == "embeddings":
             output = 0
-        prompt_default = max(1, len(json.dumps(body.get("messages", body.get("input", body.get("prompt", ""))))) // 4)
+        prompt_default = max(
+            1, len(json.dumps(body.get("messages", body.get("input", body.get("prompt", ""))))) // 4
+        )
         prompt = int(headers.get("x-fake-prompt", str(prompt_default)))
         delay = float(headers.get("x-fake-delay", "0"))
         tag = headers.get("x-fake-tag", "")
@@ -118,8 +124,15 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": tail})
 
     async def _stream(
-        self, send: Callable[[Message], Awaitable[None]], api: str, prompt: int, output: int,
-        delay: float, mode: str, body: dict[str, Any], entry: dict[str, Any],
+        self,
+        send: Callable[[Message], Awaitable[None]],
+        api: str,
+        prompt: int,
+        output: int,
+        delay: float,
+        mode: str,
+        body: dict[str, Any],
+        entry: dict[str, Any],
     ) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})  # fmt: skip

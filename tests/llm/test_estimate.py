@@ -112,7 +112,9 @@ def test_bad_settings_are_refused() -> None:
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 FIELDS = st.dictionaries(

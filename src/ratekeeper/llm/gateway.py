@@ -30,6 +30,7 @@ stands. Once the response has started, a failure ends its body; before, it is a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -74,6 +75,11 @@ DISCONNECTS = ("drain", "close")
 def provider_of(api: str) -> str:
     """Whose formats an API speaks: ``anthropic`` for messages, else ``openai``."""
     return "anthropic" if api == "messages" else "openai"
+
+
+class UpstreamBroken(Exception):
+    """Raised to the server once a response is cut because its upstream broke mid-body, so the
+    server drops the connection and the client sees a cut body, not a whole one."""
 
 
 class Gateway:
@@ -169,6 +175,8 @@ class Gateway:
             await call.fail(502, "the gateway failed; the request was not charged")
         finally:
             await call.end()
+        if call.broken and not call.gone.is_set():
+            raise UpstreamBroken("the upstream broke mid-body; the client's body is cut too")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -232,6 +240,7 @@ class _Call:
         self.prepared: Prepared | None = None
         self.ending: tuple[str, int | None] | None = None  # ("settle", n) / ("cancel", None)
         self.response: Response | None = None
+        self.broken = False
 
     async def run(self) -> None:
         gw = self.gw
@@ -350,8 +359,11 @@ class _Call:
         self.started = True
         await self._send(start)
         how = await self._stream(response, meter)
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.finished = True
+        if how == "broken":  # the client's body breaks too: it must not look whole
+            self.finished = self.broken = True
+        else:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.finished = True
         try:
             meter.close()
         except Exception as exc:
@@ -373,9 +385,9 @@ class _Call:
         deadline = loop.time() + gw.stream_timeout
         feeding = True
         how = "complete"
+        draining = False
         try:
             async with asyncio.timeout_at(deadline) as timer:
-                draining = False
                 async for chunk in response.body():
                     if feeding:
                         try:
@@ -394,7 +406,11 @@ class _Call:
                         timer.reschedule(min(deadline, loop.time() + gw.drain_timeout))
         except TimeoutError:
             how = "timeout"
-            meter.problem("stream_timeout", "the stream did not end in time; it was cut")
+            if draining:
+                meter.problem("drain_timeout", "the client left and the stream did not end "
+                                               "within drain_timeout; it was cut")  # fmt: skip
+            else:
+                meter.problem("stream_timeout", "the stream did not end in time; it was cut")
         except Exception as exc:  # the upstream broke mid-body
             how = "broken"
             gw.failed("upstream_broken", repr(exc))
@@ -435,14 +451,21 @@ class _Call:
         limiter = self.gw.limiter
         if kind == "cancel":
             task = asyncio.ensure_future(limiter.cancel(reservation))
-            self.gw.counts["cancelled"] += 1
         else:
             task = asyncio.ensure_future(limiter.settle(reservation, amount or 0))
-            self.gw.counts["settled"] += 1
-        try:
+        task.add_done_callback(self._ended)
+        with contextlib.suppress(Exception):  # counted by _ended
             await asyncio.shield(task)
-        except Exception as exc:
-            self.gw.failed("settle_error", repr(exc))
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        """Count a settle or cancel once it is done (even when the app was cancelled)."""
+        gw = self.gw
+        if task.cancelled():
+            gw.failed("settle_error", "the settle was cancelled")
+        elif task.exception() is not None:
+            gw.failed("settle_error", repr(task.exception()))
+        else:
+            gw.counts["cancelled" if self.ending and self.ending[0] == "cancel" else "settled"] += 1
 
 
 def _ratekeeper_headers(decision: Any, used: Sequence[Limit]) -> list[tuple[str, str]]:
