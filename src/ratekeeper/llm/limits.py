@@ -50,7 +50,8 @@ class Caller:
 class Limit:
     """One level: ``counts`` (tokens or requests) per ``scope`` (org, team or key) at ``rate``
     (module docstring); ``name`` (default ``<scope>-<counts>``) names it in headers and
-    counters, ``algorithm`` and ``debt`` as for a ``Level``."""
+    counters, ``algorithm``, ``debt`` and ``aligned`` (fixed windows on the clock's
+    multiples of the period: every key's minute starts on the minute) as for a ``Level``."""
 
     scope: str
     rate: RateSpec | Callable[[Caller], RateSpec | None]
@@ -58,6 +59,7 @@ class Limit:
     algorithm: str = "fixed_window"
     debt: int | None = None
     name: str | None = None
+    aligned: bool = False
 
     @property
     def label(self) -> str:
@@ -105,7 +107,7 @@ class Limits:
             seen.add(limit.label)
             if not callable(limit.rate):
                 self.level(limit, limit.rate, "check", check=True)  # a bad rate: refused now
-            elif limit.algorithm != "fixed_window" or limit.debt is not None:
+            elif limit.algorithm != "fixed_window" or limit.debt is not None or limit.aligned:
                 self.level(limit, "1/second", "check", check=True)  # a bad algorithm or debt
         order = {scope: i for i, scope in enumerate(SCOPES)}
         self.limits = tuple(sorted(limits, key=lambda x: order[x.scope]))
@@ -141,12 +143,14 @@ class Limits:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"limit {limit.label!r}: rate {rate!r} is invalid: {exc}") from exc
         if limit.counts == "requests":
-            level = Level(key, rates, limit.algorithm, cost=1, debt=0, name=limit.label)
+            level = Level(key, rates, limit.algorithm, aligned=limit.aligned, cost=1, debt=0,
+                          name=limit.label)  # fmt: skip
         else:
             debt = limit.debt
             if debt is None:
                 debt = max(1, min(r.count for r in rates) // 10)
-            level = Level(key, rates, limit.algorithm, debt=debt, name=limit.label)
+            level = Level(key, rates, limit.algorithm, aligned=limit.aligned, debt=debt,
+                          name=limit.label)  # fmt: skip
         if check:
             try:
                 compile_levels([level], 1, make_policy)
