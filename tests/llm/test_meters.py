@@ -44,13 +44,16 @@ def _stream(api: str, prompt: int, output: int, mode: str = "") -> bytes:
     st.integers(min_value=1, max_value=10_000),
     COUNT,
     st.lists(st.integers(min_value=0, max_value=100_000), max_size=30),
-    st.sampled_from(["", "crlf"]),
+    st.sampled_from(["", "crlf", "cr"]),
+    st.booleans(),
 )
-def test_streams_cut_anywhere(api, prompt, output, points, mode) -> None:  # type: ignore[no-untyped-def]
+def test_streams_cut_anywhere(api, prompt, output, points, mode, text) -> None:  # type: ignore[no-untyped-def]
     data = _stream(api, prompt, output)
     if mode == "crlf":
         data = data.replace(b"\n", b"\r\n")
-    meter = StreamMeter(api, heuristic_tokens)
+    elif mode == "cr":
+        data = data.replace(b"\n", b"\r")
+    meter = StreamMeter(api, heuristic_tokens, text=text)
     for chunk in _cut(data, points):
         meter.feed(chunk)
     meter.close()
@@ -87,9 +90,12 @@ def test_bodies(api: str) -> None:
         ("twice", "usage_repeated"),
     ],
 )
-def test_hostile_streams_are_noted(mode: str, problem: str) -> None:
-    meter = StreamMeter("chat", heuristic_tokens)
-    meter.feed(_stream("chat", 10, 5, mode))
+@pytest.mark.parametrize("text", [True, False])
+def test_hostile_streams_are_noted(mode: str, problem: str, text: bool) -> None:
+    meter = StreamMeter("chat", heuristic_tokens, text=text)
+    data = _stream("chat", 10, 5, mode)
+    for i in range(0, len(data), 7):
+        meter.feed(data[i : i + 7])
     meter.close()
     assert problem in meter.problems
     if mode != "malformed":
@@ -127,7 +133,9 @@ def test_a_body_past_its_bound_is_not_read() -> None:
     st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
 )
 def test_garbage_never_raises(api, data, points) -> None:  # type: ignore[no-untyped-def]
-    for meter in (StreamMeter(api, heuristic_tokens, 256), BodyMeter(api, heuristic_tokens, 256)):
+    meters = (StreamMeter(api, heuristic_tokens, 256), BodyMeter(api, heuristic_tokens, 256),
+              StreamMeter(api, heuristic_tokens, 256, text=False))  # fmt: skip
+    for meter in meters:
         for chunk in _cut(data, points):
             meter.feed(chunk)
         meter.close()
@@ -152,12 +160,28 @@ JSONISH = st.recursive(
                                        JSONISH, max_size=4)), max_size=6),
 )  # fmt: skip
 def test_odd_json_events_never_raise(api, events) -> None:  # type: ignore[no-untyped-def]
-    meter = StreamMeter(api, heuristic_tokens)
-    for kind, obj in events:
-        meter.feed(f"event: {kind}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
-    meter.close()
-    if meter.usage is not None:
-        assert 0 <= meter.usage.total_tokens
+    full, fast = StreamMeter(api, heuristic_tokens), StreamMeter(api, heuristic_tokens, text=False)
+    for meter in (full, fast):
+        for kind, obj in events:
+            meter.feed(f"event: {kind}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+        meter.close()
+        if meter.usage is not None:
+            assert 0 <= meter.usage.total_tokens
+    # counting without parsing never reads another usage than parsing does
+    assert (fast.usage, fast.best) == (full.usage, full.best)
+    assert set(fast.problems) == set(full.problems)
+
+
+def test_an_over_long_event_is_dropped_in_either_mode() -> None:
+    for text in (True, False):
+        meter = StreamMeter("chat", heuristic_tokens, 1000, text=text)
+        data = b'data: {"x": "' + b"y" * 5000 + b'"}\n\n' + _stream("chat", 3, 2)
+        for i in range(0, len(data), 100):
+            meter.feed(data[i : i + 100])
+            assert len(meter._pending) <= 1100
+        meter.close()
+        assert meter.usage is not None and meter.usage.total_tokens == 5
+        assert "event_too_large" in meter.problems
 
 
 def test_usage_readers() -> None:

@@ -175,7 +175,7 @@ class Gateway:
             await call.fail(502, "the gateway failed; the request was not charged")
         finally:
             await call.end()
-        if call.broken and not call.gone.is_set():
+        if call.broken and not call.left:
             raise UpstreamBroken("the upstream broke mid-body; the client's body is cut too")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -234,7 +234,7 @@ class _Call:
         self.provider = provider
         self.started = False
         self.finished = False
-        self.gone = asyncio.Event()
+        self.left = False  # the client went away (``_watch``, or a send that failed)
         self.watcher: asyncio.Task[None] | None = None
         self.reservation: Reservation | None = None
         self.prepared: Prepared | None = None
@@ -301,8 +301,7 @@ class _Call:
         while more:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.gone.set()
-                self.started = self.finished = True
+                self.left = self.started = self.finished = True
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -321,18 +320,18 @@ class _Call:
             while True:
                 message = await self.receive()
                 if message["type"] == "http.disconnect":
-                    self.gone.set()
+                    self.left = True
                     return
 
         self.watcher = asyncio.ensure_future(watch())
 
     async def _send(self, message: Message) -> None:
-        if self.gone.is_set():
+        if self.left:
             return
         try:
             await self.client_send(message)
         except OSError:  # servers that raise on a closed connection (ASGI 2.4)
-            self.gone.set()
+            self.left = True
 
     async def _forward(self, prepared: Prepared, limit_headers: list[tuple[str, str]]) -> None:
         gw = self.gw
@@ -350,7 +349,8 @@ class _Call:
             return
         streams = response.streams
         meter: Meter = (
-            StreamMeter(self.api, gw.estimator.count, gw.max_event_bytes)
+            StreamMeter(self.api, gw.estimator.count, gw.max_event_bytes,
+                        text=gw.on_disconnect == "close")  # fmt: skip
             if streams
             else BodyMeter(self.api, gw.estimator.count, gw.max_body_bytes)
         )
@@ -386,18 +386,24 @@ class _Call:
         feeding = True
         how = "complete"
         draining = False
+        send = self.client_send
+        feed = meter.feed
         try:
             async with asyncio.timeout_at(deadline) as timer:
                 async for chunk in response.body():
                     if feeding:
                         try:
-                            meter.feed(chunk)
+                            feed(chunk)
                         except Exception as exc:  # a bug in a meter: the estimate stands
                             meter.problem("meter_error", repr(exc))
                             feeding = False
-                    await self._send({"type": "http.response.body", "body": chunk,
-                                      "more_body": True})  # fmt: skip
-                    if self.gone.is_set() and not draining:
+                    if not self.left:
+                        try:
+                            await send({"type": "http.response.body", "body": chunk,
+                                        "more_body": True})  # fmt: skip
+                        except OSError:  # servers that raise on a closed connection
+                            self.left = True
+                    if self.left and not draining:
                         gw.counts["disconnects"] += 1
                         if gw.on_disconnect == "close":
                             how = "left"

@@ -96,13 +96,30 @@ class Meter:
 
 
 class StreamMeter(Meter):
-    """A server-sent event stream of ``api`` (module docstring)."""
+    """A server-sent event stream of ``api`` (module docstring).
+
+    The stream is cut into runs of whole events (up to the last blank line so far; the rest
+    waits, at most ``max_event_bytes``). A run is parsed event by event when it may say
+    something about the charge — it names ``"usage"`` (other than ``"usage":null``) or
+    ``"error"``, or a data line does not open a JSON object, or its braces do not balance —
+    or an event type the API's usage or errors come in (``message_delta``,
+    ``response.completed``...), and, with ``text``, always (each delta's text through the counter). Otherwise its
+    content events are counted, one token each, without parsing: a completion's chunks are
+    passed on for about a microsecond each (benchmarks/bench_llm.py)."""
 
     def __init__(
-        self, api: str, counter: TokenCounter, max_event_bytes: int = MAX_EVENT_BYTES
+        self,
+        api: str,
+        counter: TokenCounter,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        text: bool = True,
     ) -> None:
         super().__init__(api, counter)
-        self.parser = SSEParser(max_event_bytes)
+        self.max_event_bytes = max_event_bytes
+        self.text = text
+        self.dropped = 0
+        self._pending = bytearray()
+        self._skipping = False  # an over-long event: dropped up to its blank line
         self._on: Callable[[Event], None] = {
             "chat": self._openai,
             "completions": self._openai,
@@ -110,25 +127,87 @@ class StreamMeter(Meter):
             "responses": self._responses,
             "messages": self._anthropic,
         }[api]
+        self._delta = {"responses": b'.delta"', "messages": b'"content_block_delta"'}.get(api)
+        self._marks: tuple[bytes, ...] = {
+            "responses": (b"error", b"response.completed", b"response.incomplete",
+                          b"response.failed"),
+            "messages": (b"error", b"message_start", b"message_delta"),
+        }.get(api, (b'"error"',))  # fmt: skip
         self._final_seen = False
         self._started = False
         self._base: TokenUsage | None = None
 
     def feed(self, chunk: bytes) -> None:
-        """Read ``chunk``: each event it completes."""
-        for event in self.parser.feed(chunk):
+        """Read ``chunk``: each run of whole events it completes."""
+        pending = self._pending
+        if not pending and not self._skipping and chunk[-2:] == b"\n\n":
+            self._run(chunk)  # the common case: whole events, one chunk
+            return
+        lo = max(0, len(pending) - 1)  # a blank line may straddle the seam
+        pending += chunk
+        end = max(pending.rfind(b"\n\n", lo), pending.rfind(b"\r\r", lo),
+                  pending.rfind(b"\n\r", lo))  # fmt: skip
+        if end < 0:
+            if len(pending) > self.max_event_bytes:
+                self._drop()
+            return
+        run = bytes(pending[: end + 2])
+        del pending[: end + 2]
+        if self._skipping:  # the rest of a dropped event, up to its blank line
+            self._skipping = False
+            first = min((i for i in (run.find(b"\n\n"), run.find(b"\r\r"), run.find(b"\n\r"))
+                         if i >= 0), default=len(run))  # fmt: skip
+            run = run[first + 2 :]
+        if len(pending) > self.max_event_bytes:
+            self._drop()
+        if run:
+            self._run(run)
+
+    def _drop(self) -> None:
+        if not self._skipping:
+            self.dropped += 1
+        self._pending.clear()
+        self._skipping = True
+
+    def _run(self, run: bytes) -> None:
+        """A run of whole events: parsed, or counted (class docstring)."""
+        if not self.text:
+            datas = run.count(b"data:")
+            usages = run.count(b'"usage"')
+            plain = (
+                (not usages or usages == run.count(b'"usage":null') + run.count(b'"usage": null'))
+                and not any(mark in run for mark in self._marks)
+                and datas == run.count(b"data: {") + run.count(b"data:{") + run.count(b"[DONE]")
+                and run.count(b"{") == run.count(b"}")
+            )
+            if plain:
+                delta = self._delta
+                self.output += run.count(delta) if delta is not None else datas
+                return
+        parser = SSEParser(self.max_event_bytes)
+        for event in parser.feed(run):
             self._on(event)
+        for event in parser.close():
+            self._on(event)
+        self.dropped += parser.dropped
+
+    def _count(self, text: object) -> None:
+        if self.text:
+            self._text(text)
+        elif isinstance(text, str) and text:
+            self.output += 1
 
     def close(self) -> None:
         """The stream has ended: read an event left open, note what is missing."""
         if self.closed:
             return
         self.closed = True
-        for event in self.parser.close():
-            self._on(event)
-        if self.parser.dropped:
-            self.problem("event_too_large", f"{self.parser.dropped} event(s) over "
-                                            f"{self.parser.max:_} bytes dropped")  # fmt: skip
+        if self._pending and not self._skipping:
+            self._run(bytes(self._pending) + b"\n\n")  # an event left without its blank line
+        self._pending.clear()
+        if self.dropped:
+            self.problem("event_too_large", f"{self.dropped} event(s) over "
+                                            f"{self.max_event_bytes:_} bytes dropped")  # fmt: skip
         if self.usage is None:
             self.problem("usage_missing", "the stream ended without a usage event")
 
@@ -173,19 +252,19 @@ class StreamMeter(Meter):
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
-            self._text(choice.get("text"))
+            self._count(choice.get("text"))
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 continue
             for name in ("content", "refusal", "reasoning_content", "reasoning"):
-                self._text(delta.get(name))
+                self._count(delta.get(name))
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 for call in calls:
                     function = call.get("function") if isinstance(call, dict) else None
                     if isinstance(function, dict):
-                        self._text(function.get("name"))
-                        self._text(function.get("arguments"))
+                        self._count(function.get("name"))
+                        self._count(function.get("arguments"))
 
     def _responses(self, event: Event) -> None:
         obj = self._json(event)
@@ -195,7 +274,7 @@ class StreamMeter(Meter):
         if not isinstance(kind, str):
             return
         if kind.endswith(".delta"):
-            self._text(obj.get("delta"))
+            self._count(obj.get("delta"))
         elif kind in _FINAL:
             response = obj.get("response")
             usage = response.get("usage") if isinstance(response, dict) else None
@@ -212,7 +291,7 @@ class StreamMeter(Meter):
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 for name in ("text", "partial_json", "thinking"):
-                    self._text(delta.get(name))
+                    self._count(delta.get(name))
         elif kind == "message_start":
             message = obj.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
