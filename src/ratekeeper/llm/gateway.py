@@ -397,19 +397,21 @@ class _Call:
                         except Exception as exc:  # a bug in a meter: the estimate stands
                             meter.problem("meter_error", repr(exc))
                             feeding = False
-                    if not self.left:
-                        try:
-                            await send({"type": "http.response.body", "body": chunk,
-                                        "more_body": True})  # fmt: skip
-                        except OSError:  # servers that raise on a closed connection
-                            self.left = True
-                    if self.left and not draining:
+                    if self.left:
+                        if draining:
+                            continue
                         gw.counts["disconnects"] += 1
                         if gw.on_disconnect == "close":
                             how = "left"
                             break
                         draining = True
                         timer.reschedule(min(deadline, loop.time() + gw.drain_timeout))
+                        continue
+                    try:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})  # fmt: skip
+                    except OSError:  # servers that raise on a closed connection
+                        self.left = True
         except TimeoutError:
             how = "timeout"
             if draining:

@@ -45,6 +45,8 @@ embeddings, Anthropic's messages."""
 
 MAX_BODY_BYTES = 8 << 20
 """8 MiB of a JSON response kept to read its usage."""
+BATCH = 16 << 10
+"""A stream meter reads its chunks 16 KiB at a time."""
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -71,6 +73,9 @@ class Meter:
     def close(self) -> None:
         """The body has ended."""
         raise NotImplementedError
+
+    def flush(self) -> None:
+        """Read what has been fed so far (a stream meter reads in batches)."""
 
     def problem(self, kind: str, message: str) -> None:
         """Note trouble of ``kind`` (its first message is kept)."""
@@ -119,6 +124,8 @@ class StreamMeter(Meter):
         self.text = text
         self.dropped = 0
         self._pending = bytearray()
+        self._parts: list[bytes] = []
+        self._size = 0
         self._skipping = False  # an over-long event: dropped up to its blank line
         self._on: Callable[[Event], None] = {
             "chat": self._openai,
@@ -138,6 +145,23 @@ class StreamMeter(Meter):
         self._base: TokenUsage | None = None
 
     def feed(self, chunk: bytes) -> None:
+        """Take ``chunk``; it is read with the next ones once ``BATCH`` bytes have come (or at
+        ``flush``/``close``): one pass over many chunks costs less than one each."""
+        self._parts.append(chunk)
+        self._size += len(chunk)
+        if self._size >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read what has been taken so far."""
+        parts = self._parts
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.clear()
+            self._size = 0
+            self._feed(data)
+
+    def _feed(self, chunk: bytes) -> None:
         """Read ``chunk``: each run of whole events it completes."""
         pending = self._pending
         if not pending and not self._skipping and chunk[-2:] == b"\n\n":
@@ -176,7 +200,7 @@ class StreamMeter(Meter):
             usages = run.count(b'"usage"')
             plain = (
                 (not usages or usages == run.count(b'"usage":null') + run.count(b'"usage": null'))
-                and not any(mark in run for mark in self._marks)
+                and not any([mark in run for mark in self._marks])
                 and datas == run.count(b"data: {") + run.count(b"data:{") + run.count(b"[DONE]")
                 and run.count(b"{") == run.count(b"}")
             )
@@ -201,6 +225,7 @@ class StreamMeter(Meter):
         """The stream has ended: read an event left open, note what is missing."""
         if self.closed:
             return
+        self.flush()
         self.closed = True
         if self._pending and not self._skipping:
             self._run(bytes(self._pending) + b"\n\n")  # an event left without its blank line

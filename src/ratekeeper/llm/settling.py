@@ -48,7 +48,9 @@ def priced(price: Price, usage: TokenUsage) -> int:
 def charge_of(
     meter: Meter, prepared: Prepared, how: str, status: int, price: Price = total
 ) -> int | None:
-    """The settle's figure for this response, or None to cancel (module docstring)."""
+    """The settle's figure for this response, or None to cancel (module docstring); the meter
+    reads what it was fed first."""
+    meter.flush()
     usage = meter.usage
     clean = usage is not None and not meter.problems and how != "timeout"
     if status >= 500:
