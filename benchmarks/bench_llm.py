@@ -39,24 +39,40 @@ from benchmarks.bench_service import cpu_seconds
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-BODY = {"model": "m", "max_tokens": 300, "stream": True,
-        "messages": [{"role": "user", "content": "Tell me about rate limits."}]}  # fmt: skip
+BODY = {
+    "model": "m",
+    "max_tokens": 300,
+    "stream": True,
+    "messages": [{"role": "user", "content": "Tell me about rate limits."}],
+}
 LIMITS = "100000000/minute"
 
 
 def _chunk(content: str | None, usage: Any = None) -> bytes:
-    choices = [] if content is None else [{"index": 0, "delta": {"content": content},
-                                           "finish_reason": None}]  # fmt: skip
-    data = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 1,
-            "model": "m", "choices": choices, "usage": usage}  # fmt: skip
+    choices = (
+        []
+        if content is None
+        else [{"index": 0, "delta": {"content": content}, "finish_reason": None}]
+    )
+    data = {
+        "id": "chatcmpl-b",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": choices,
+        "usage": usage,
+    }
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 def upstream_app(tokens: int) -> Any:
     """A streamed chat completion of ``tokens`` chunks, one send each, the usage last."""
     chunks = [_chunk(f" word{i}") for i in range(tokens)]
-    chunks.append(_chunk(None, {"prompt_tokens": 12, "completion_tokens": tokens,
-                                "total_tokens": 12 + tokens}))  # fmt: skip
+    chunks.append(
+        _chunk(
+            None, {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}
+        )
+    )
     chunks.append(b"data: [DONE]\n\n")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,8 +81,13 @@ def upstream_app(tokens: int) -> Any:
         more = True
         while more:
             more = (await receive()).get("more_body", False)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
@@ -90,8 +111,13 @@ def bare_app(url: str) -> Any:
             more = message.get("more_body", False)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         response = await upstream.send("POST", scope["path"], "", headers, body)
-        await send({"type": "http.response.start", "status": response.status,
-                    "headers": [(k.encode(), v.encode()) for k, v in response.headers]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": [(k.encode(), v.encode()) for k, v in response.headers],
+            }
+        )
         try:
             async for chunk in response.body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -106,8 +132,12 @@ def gateway_app(url: str, redis_url: str | None) -> Any:
     from ratekeeper import RedisStore
     from ratekeeper.llm import Caller, Gateway, Limit, callers
 
-    limits = [Limit("org", LIMITS), Limit("team", LIMITS), Limit("key", LIMITS),
-              Limit("key", LIMITS, counts="requests")]  # fmt: skip
+    limits = [
+        Limit("org", LIMITS),
+        Limit("team", LIMITS),
+        Limit("key", LIMITS),
+        Limit("key", LIMITS, counts="requests"),
+    ]
     store = RedisStore(redis_url) if redis_url else None
     return Gateway(url, limits, callers({"k1": Caller("k1", "acme", "red")}), store=store)
 
@@ -135,10 +165,20 @@ class Proc:
         self.port = free_port()
         env = {**os.environ, "BENCH_LLM": json.dumps(spec)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "benchmarks.bench_llm:serve", "--factory",
-             "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "benchmarks.bench_llm:serve",
+                "--factory",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
             env=env,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -173,10 +213,20 @@ def wrk(port: int, seconds: int, connections: int, script: str) -> tuple[int, fl
     import re
 
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", script,
-         f"http://127.0.0.1:{port}/v1/chat/completions"],
-        capture_output=True, text=True, check=True, timeout=seconds + 60,
-    ).stdout  # fmt: skip
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "-s",
+            script,
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 60,
+    ).stdout
     n = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     elapsed = wrk_seconds(re.search(r"requests in ([\d.]+\w+),", out).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -195,8 +245,11 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench_llm needs wrk (Debian: apt-get install wrk)")
-    names = {"bare": "bare proxy (the ceiling)", "memory": "gateway (memory)",
-             "redis": "gateway (Redis)"}  # fmt: skip
+    names = {
+        "bare": "bare proxy (the ceiling)",
+        "memory": "gateway (memory)",
+        "redis": "gateway (Redis)",
+    }
     with redis_server() as redis, tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(WRK_SCRIPT % json.dumps(BODY))
         lua.flush()
@@ -222,15 +275,21 @@ def main() -> None:
         finally:
             for p in [*procs.values(), up]:
                 p.stop()
-    print(f"streams of {args.tokens} chunks, wrk -t1 -c{args.connections}, {args.rounds} "
-          f"interleaved rounds of {args.seconds} s (median round)")  # fmt: skip
-    print(f"{'variant':28} {'streams/s':>10} {'chunks/s':>10} {'proxy CPU us/stream':>20} "
-          f"{'errors':>6} {'of bare':>8}")  # fmt: skip
+    print(
+        f"streams of {args.tokens} chunks, wrk -t1 -c{args.connections}, {args.rounds} "
+        f"interleaved rounds of {args.seconds} s (median round)"
+    )
+    print(
+        f"{'variant':28} {'streams/s':>10} {'chunks/s':>10} {'proxy CPU us/stream':>20} "
+        f"{'errors':>6} {'of bare':>8}"
+    )
     bare = sorted(samples["bare"])[len(samples["bare"]) // 2][0]
     for variant, rows in samples.items():
         rate, cpu, errors = sorted(rows)[len(rows) // 2]
-        print(f"{names[variant]:28} {rate:10,.1f} {rate * args.tokens:10,.0f} {cpu:20,.0f} "
-              f"{errors:6} {rate / bare:8.2f}")  # fmt: skip
+        print(
+            f"{names[variant]:28} {rate:10,.1f} {rate * args.tokens:10,.0f} {cpu:20,.0f} "
+            f"{errors:6} {rate / bare:8.2f}"
+        )
 
 
 if __name__ == "__main__":

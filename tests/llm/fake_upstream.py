@@ -75,9 +75,13 @@ class FakeUpstream:
         body = json.loads(raw)
         with self.lock:
             self.requests.append({"path": path, "body": body, "headers": headers})
-        api = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
-               "/v1/responses": "responses", "/v1/embeddings": "embeddings",
-               "/v1/messages": "messages"}.get(path)  # fmt: skip
+        api = {
+            "/v1/chat/completions": "chat",
+            "/v1/completions": "completions",
+            "/v1/responses": "responses",
+            "/v1/embeddings": "embeddings",
+            "/v1/messages": "messages",
+        }.get(path)
         if api is None:
             await _json(send, 404, b'{"error": {"message": "no such route"}}')
             return
@@ -99,9 +103,16 @@ class FakeUpstream:
         prompt = int(headers.get("x-fake-prompt", str(prompt_default)))
         delay = float(headers.get("x-fake-delay", "0"))
         tag = headers.get("x-fake-tag", "")
-        entry = {"api": api, "prompt": prompt, "output": output, "total": prompt + output,
-                 "mode": mode, "tag": tag, "key": headers.get("x-fake-key", ""),
-                 "stream": bool(body.get("stream"))}  # fmt: skip
+        entry = {
+            "api": api,
+            "prompt": prompt,
+            "output": output,
+            "total": prompt + output,
+            "mode": mode,
+            "tag": tag,
+            "key": headers.get("x-fake-key", ""),
+            "stream": bool(body.get("stream")),
+        }
         if body.get("stream"):
             await self._stream(send, api, prompt, output, delay, mode, body, entry)
         else:
@@ -114,8 +125,13 @@ class FakeUpstream:
             await _json(send, 200, json.dumps(_whole(api, prompt, output, mode)).encode())
 
     async def _big(self, send: Callable[[Message], Awaitable[None]]) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         piece = b" " * (1 << 20)
         await send({"type": "http.response.body", "body": b'{"padding": "', "more_body": True})
         for _ in range(100):
@@ -134,16 +150,26 @@ class FakeUpstream:
         body: dict[str, Any],
         entry: dict[str, Any],
     ) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
+        )
         events = list(_events(api, prompt, output, mode, body))
         if mode == "never_ends":
             entry["total"] = None
             self.record(entry)
             try:
                 for i in range(10**9):
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": _chat_chunk(f"w{i} ")})  # fmt: skip
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "more_body": True,
+                            "body": _chat_chunk(f"w{i} "),
+                        }
+                    )
                     await asyncio.sleep(max(delay, 0.01))
             except Exception:
                 return
@@ -159,8 +185,9 @@ class FakeUpstream:
                 raise RuntimeError("the upstream broke")  # uvicorn drops the connection
             if mode == "bytewise":
                 for i in range(len(data)):
-                    await send({"type": "http.response.body", "body": data[i : i + 1],
-                                "more_body": True})  # fmt: skip
+                    await send(
+                        {"type": "http.response.body", "body": data[i : i + 1], "more_body": True}
+                    )
             else:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             if delay:
@@ -169,10 +196,16 @@ class FakeUpstream:
 
 
 def _chat_chunk(text: str, usage: Any = None, finish: str | None = None) -> bytes:
-    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-             "choices": [] if text is None else
-             [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-             "usage": usage}  # fmt: skip
+    chunk = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": []
+        if text is None
+        else [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+        "usage": usage,
+    }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -185,10 +218,13 @@ def _usage_value(mode: str, prompt: int, output: int) -> dict[str, Any]:
         return {"prompt_tokens": prompt + 0.5, "completion_tokens": output, "total_tokens": 1.5}
     if mode == "string_usage":
         return {"prompt_tokens": "12", "completion_tokens": output, "total_tokens": "99"}
-    return {"prompt_tokens": prompt, "completion_tokens": output,
-            "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
 
 
 def _events(api: str, prompt: int, output: int, mode: str, body: dict[str, Any]) -> Any:
@@ -210,32 +246,70 @@ def _events(api: str, prompt: int, output: int, mode: str, body: dict[str, Any])
     elif api == "responses":
         yield _sse("response.created", {"type": "response.created", "response": {"id": "r"}})
         for i in range(output):
-            yield _sse("response.output_text.delta",
-                       {"type": "response.output_text.delta", "delta": f"t{i} "})  # fmt: skip
-        usage = {"input_tokens": prompt, "output_tokens": output, "total_tokens": prompt + output,
-                 "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+            yield _sse(
+                "response.output_text.delta",
+                {"type": "response.output_text.delta", "delta": f"t{i} "},
+            )
+        usage = {
+            "input_tokens": prompt,
+            "output_tokens": output,
+            "total_tokens": prompt + output,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
         if mode != "no_usage":
-            yield _sse("response.completed",
-                       {"type": "response.completed", "response": {"id": "r", "usage": usage}})  # fmt: skip
+            yield _sse(
+                "response.completed",
+                {"type": "response.completed", "response": {"id": "r", "usage": usage}},
+            )
     elif api == "messages":
-        start = {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "m",
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": prompt, "output_tokens": 1,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}}  # fmt: skip
+        start = {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": "m",
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": prompt,
+                    "output_tokens": 1,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                },
+            },
+        }
         yield _sse("message_start", start)
-        yield _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                           "content_block": {"type": "text", "text": ""}})  # fmt: skip
+        yield _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        )
         yield _sse("ping", {"type": "ping"})
         for i in range(output):
-            yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": f"t{i} "}})  # fmt: skip
+            yield _sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": f"t{i} "},
+                },
+            )
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
         if mode != "no_usage":
-            yield _sse("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                         "usage": {"output_tokens": output}})  # fmt: skip
+            yield _sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": output},
+                },
+            )
         yield _sse("message_stop", {"type": "message_stop"})
 
 
@@ -246,37 +320,85 @@ def _sse(kind: str, data: dict[str, Any]) -> bytes:
 def _whole(api: str, prompt: int, output: int, mode: str) -> dict[str, Any]:
     text = " ".join(f"t{i}" for i in range(output))
     if api == "chat":
-        out: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
-               "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
-               "message": {"role": "assistant", "content": text}}]}  # fmt: skip
+        out: dict[str, Any] = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+        }
         if mode != "no_usage":
             out["usage"] = _usage_value(mode, prompt, output)
         return out
     if api == "completions":
-        return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
-                "usage": _usage_value(mode, prompt, output)}  # fmt: skip
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+            "usage": _usage_value(mode, prompt, output),
+        }
     if api == "embeddings":
-        return {"object": "list", "model": "m",
-                "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}  # fmt: skip
+        return {
+            "object": "list",
+            "model": "m",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+        }
     if api == "responses":
-        return {"id": "r", "object": "response", "status": "completed", "model": "m",
-                "output": [{"type": "message", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text}]}],
-                "usage": {"input_tokens": prompt, "output_tokens": output,
-                          "total_tokens": prompt + output}}  # fmt: skip
-    return {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": prompt, "output_tokens": output,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}  # fmt: skip
+        return {
+            "id": "r",
+            "object": "response",
+            "status": "completed",
+            "model": "m",
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text}],
+                }
+            ],
+            "usage": {
+                "input_tokens": prompt,
+                "output_tokens": output,
+                "total_tokens": prompt + output,
+            },
+        }
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt,
+            "output_tokens": output,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
 
 
 async def _json(send: Callable[[Message], Awaitable[None]], status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

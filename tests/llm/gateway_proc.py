@@ -26,9 +26,16 @@ class LoggingLimiter(AsyncLimiter):
 
     async def reserve(self, levels: Any, estimate: int, *, ttl: float = 300.0) -> Reservation:
         r = await super().reserve(levels, estimate, ttl=ttl)
-        self._log(op="reserve", id=r.id, at=r.reserved_at, estimate=estimate, allowed=r.allowed,
-                  degraded=r.decision.degraded, keys=[lv.key for lv in levels],
-                  names=[lv.name for lv in levels])  # fmt: skip
+        self._log(
+            op="reserve",
+            id=r.id,
+            at=r.reserved_at,
+            estimate=estimate,
+            allowed=r.allowed,
+            degraded=r.decision.degraded,
+            keys=[lv.key for lv in levels],
+            names=[lv.name for lv in levels],
+        )
         return r
 
     async def settle(self, reservation: Reservation, actual: int) -> Settlement:
@@ -48,5 +55,10 @@ def make() -> Gateway:
     table = {key: Caller(key, org, team) for key, (org, team) in config["callers"].items()}
     store = RedisStore(config["redis"], socket_timeout=5.0)
     log = config["log"] + f".{os.getpid()}"
-    return Gateway(config["upstream"], limits, callers(table), limiter=LoggingLimiter(store, log),
-                   on_disconnect=config.get("on_disconnect", "drain"))  # fmt: skip
+    return Gateway(
+        config["upstream"],
+        limits,
+        callers(table),
+        limiter=LoggingLimiter(store, log),
+        on_disconnect=config.get("on_disconnect", "drain"),
+    )

@@ -21,9 +21,24 @@ _RUNNING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 class Served:
     """``uvicorn <target>`` in a process of its own; ``url`` once it listens."""
 
-    def __init__(self, target: str, env: dict[str, str] | None = None, factory: bool = False) -> None:
-        args = [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", "0",
-                "--log-level", "info", "--no-access-log", "--lifespan", "on"]  # fmt: skip
+    def __init__(
+        self, target: str, env: dict[str, str] | None = None, factory: bool = False
+    ) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-level",
+            "info",
+            "--no-access-log",
+            "--lifespan",
+            "on",
+        ]
         if factory:
             args.append("--factory")
         environ = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}

@@ -27,8 +27,10 @@ def _leave_early(base: str, api: str = CHAT, chunks: int = 3, **headers: str) ->
         client.stream("POST", api, json=body, headers={**key, **headers}) as r,
     ):
         assert r.status_code == 200
-        remaining = r.headers.get("x-ratelimit-remaining-tokens") or r.headers[
-            "anthropic-ratelimit-tokens-remaining"]  # fmt: skip
+        remaining = (
+            r.headers.get("x-ratelimit-remaining-tokens")
+            or r.headers["anthropic-ratelimit-tokens-remaining"]
+        )
         for n, _ in enumerate(r.iter_raw()):
             if n + 1 >= chunks:
                 break
@@ -51,7 +53,7 @@ def test_drain_charges_the_true_usage(up: tuple[FakeUpstream, str], api: str) ->
 
 
 def test_close_charges_what_was_streamed(up: tuple[FakeUpstream, str]) -> None:
-    app, url = up
+    _app, url = up
     with gateway(url, on_disconnect="close") as (gw, base):
         estimate = _leave_early(base, **{"x-fake-output": "150", "x-fake-delay": "0.02"})
         assert ended(gw, 1)

@@ -3,7 +3,6 @@ usage, refused in the provider's format, and nothing a client sends lowers its c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import httpx
@@ -37,8 +36,12 @@ def test_streamed_chat_settles_with_the_usage(up: tuple[FakeUpstream, str]) -> N
             text = r.read()
         assert text.endswith(b"data: [DONE]\n\n") and text.count(b"data:") == 34
         assert ended(gw, 1)
-        assert used(gw, "k1") == {"org-tokens": 42, "team-tokens": 42, "key-tokens": 42,
-                                  "key-requests": 1}  # fmt: skip
+        assert used(gw, "k1") == {
+            "org-tokens": 42,
+            "team-tokens": 42,
+            "key-tokens": 42,
+            "key-requests": 1,
+        }
         sent = app.requests[-1]
         assert sent["body"]["stream_options"] == {"include_usage": True}
         assert "authorization" not in sent["headers"]  # the client's key stays here
@@ -60,7 +63,7 @@ def test_every_api_settles(up: tuple[FakeUpstream, str], path: str, stream: bool
         else {}
     )
     body |= {"input": "x"} if "responses" in path or "embeddings" in path else {}
-    body |= {"prompt": "x"} if "/v1/completions" == path else {}
+    body |= {"prompt": "x"} if path == "/v1/completions" else {}
     if "responses" in path:
         body["max_output_tokens"] = body.pop("max_tokens")
     with gateway(url) as (gw, base), httpx.Client(base_url=base, timeout=20) as client:
@@ -175,8 +178,12 @@ def test_upstream_failures_are_cancelled(up: tuple[FakeUpstream, str]) -> None:
         )
         assert r.status_code == 500 and r.json()["error"]["message"] == "upstream down"
         assert ended(gw, 1)
-        assert used(gw, "k1") == {"org-tokens": 0, "team-tokens": 0, "key-tokens": 0,
-                                  "key-requests": 1}  # fmt: skip
+        assert used(gw, "k1") == {
+            "org-tokens": 0,
+            "team-tokens": 0,
+            "key-tokens": 0,
+            "key-requests": 1,
+        }
     with gateway("http://127.0.0.1:9") as (gw, base):  # nothing listens on the discard port
         r = httpx.post(base + CHAT, json=chat(max_tokens=50), headers=bearer("k1"))
         assert r.status_code == 502 and r.json()["error"]["type"] == "server_error"

@@ -60,11 +60,12 @@ def test_bad_usage_keeps_the_estimate(
 
 @pytest.mark.parametrize("mode", ["bytewise", "crlf"])
 def test_odd_but_valid_streams_are_read(up: tuple[FakeUpstream, str], mode: str) -> None:
-    app, url = up
+    _app, url = up
     with gateway(url) as (gw, base):
         headers = bearer("k1", **{"x-fake-mode": mode, "x-fake-output": "6", "x-fake-prompt": "4"})
-        r = httpx.post(base + CHAT, json=chat(max_tokens=100, stream=True), headers=headers,
-                       timeout=30)  # fmt: skip
+        r = httpx.post(
+            base + CHAT, json=chat(max_tokens=100, stream=True), headers=headers, timeout=30
+        )
         assert r.status_code == 200
         assert ended(gw, 1)
         assert used(gw, "k1")["key-tokens"] == 10 and gw.stats()["problems"] == {}
@@ -74,8 +75,9 @@ def test_a_stream_that_never_ends_is_cut(up: tuple[FakeUpstream, str]) -> None:
     _, url = up
     with gateway(url, stream_timeout=1.0) as (gw, base):
         headers = bearer("k1", **{"x-fake-mode": "never_ends"})
-        r = httpx.post(base + CHAT, json=chat(max_tokens=100, stream=True), headers=headers,
-                       timeout=30)  # fmt: skip
+        r = httpx.post(
+            base + CHAT, json=chat(max_tokens=100, stream=True), headers=headers, timeout=30
+        )
         assert r.status_code == 200 and r.text.startswith("data: ")
         assert ended(gw, 1)
         assert used(gw, "k1")["key-tokens"] >= _estimate(r)
@@ -99,11 +101,13 @@ def test_an_upstream_that_breaks_mid_stream(up: tuple[FakeUpstream, str]) -> Non
     _, url = up
     with gateway(url) as (gw, base), httpx.Client(base_url=base, timeout=20) as client:
         headers = bearer("k1", **{"x-fake-mode": "broken", "x-fake-output": "20"})
-        with client.stream(
-            "POST", CHAT, json=chat(max_tokens=100, stream=True), headers=headers
-        ) as r:
-            with pytest.raises(httpx.HTTPError):
-                r.read()  # the body ends short (the client sees the break)
+        with (
+            client.stream(
+                "POST", CHAT, json=chat(max_tokens=100, stream=True), headers=headers
+            ) as r,
+            pytest.raises(httpx.HTTPError),
+        ):
+            r.read()  # the body ends short (the client sees the break)
         assert ended(gw, 1)
         charged = used(gw, "k1")["key-tokens"]
         assert 0 < charged < 100  # what was produced: the prompt and the text that came
@@ -146,8 +150,9 @@ def test_a_meter_that_raises_keeps_the_estimate(
     monkeypatch.setattr(meters.StreamMeter, "feed", boom)
     _, url = up
     with gateway(url) as (gw, base):
-        r = httpx.post(base + CHAT, json=chat(max_tokens=100, stream=True), headers=bearer("k1"),
-                       timeout=20)  # fmt: skip
+        r = httpx.post(
+            base + CHAT, json=chat(max_tokens=100, stream=True), headers=bearer("k1"), timeout=20
+        )
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
         assert ended(gw, 1)
         assert used(gw, "k1")["key-tokens"] == _estimate(r)

@@ -23,8 +23,12 @@ import pytest
 from tests.llm.procs import Served, gateway_env
 
 P = 2.0  # the windows' length (s): short, so a few seconds see several
-KEYS = {"k1": ("acme", "red"), "k2": ("acme", "red"), "k3": ("acme", "blue"),
-        "k4": ("acme", "blue")}  # fmt: skip
+KEYS = {
+    "k1": ("acme", "red"),
+    "k2": ("acme", "red"),
+    "k3": ("acme", "blue"),
+    "k4": ("acme", "blue"),
+}
 LIMITS = [
     ["org", "6000/2s", "tokens"],
     ["team", "4000/2s", "tokens"],
@@ -38,8 +42,12 @@ CLIENTS = 16
 
 def _body(key: str) -> dict[str, Any]:
     most = 10 if key in LIGHT else 80
-    return {"model": "m", "max_tokens": most, "stream": True,
-            "messages": [{"role": "user", "content": "tell me a story " * 3}]}  # fmt: skip
+    return {
+        "model": "m",
+        "max_tokens": most,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me a story " * 3}],
+    }
 
 
 @pytest.fixture
@@ -49,8 +57,14 @@ def fleet(redis_url: str, tmp_path: Path) -> Iterator[tuple[Served, list[Served]
     made: list[Served] = []
 
     def start(**extra: Any) -> list[Served]:
-        config = {"redis": redis_url, "upstream": up.url, "log": log, "limits": LIMITS,
-                  "callers": KEYS, **extra}  # fmt: skip
+        config = {
+            "redis": redis_url,
+            "upstream": up.url,
+            "log": log,
+            "limits": LIMITS,
+            "callers": KEYS,
+            **extra,
+        }
         for _ in range(4):
             made.append(Served("tests.llm.gateway_proc:make", gateway_env(config), factory=True))
         return made[-4:]
@@ -62,15 +76,25 @@ def fleet(redis_url: str, tmp_path: Path) -> Iterator[tuple[Served, list[Served]
             proc.stop()
 
 
-async def _client(urls: list[str], key: str, n: int, until: float, chunks: int | None,
-                  http: httpx.AsyncClient, stats: collections.Counter[str]) -> None:  # fmt: skip
+async def _client(
+    urls: list[str],
+    key: str,
+    n: int,
+    until: float,
+    chunks: int | None,
+    http: httpx.AsyncClient,
+    stats: collections.Counter[str],
+) -> None:
     rng = random.Random(f"{key}{n}")
     i = n
     while time.monotonic() < until:
         i += 1
-        headers = {"authorization": f"Bearer {key}", "x-fake-key": key,
-                   "x-fake-output": str(rng.randint(1, 100)),
-                   "x-fake-delay": "0.002"}  # fmt: skip
+        headers = {
+            "authorization": f"Bearer {key}",
+            "x-fake-key": key,
+            "x-fake-output": str(rng.randint(1, 100)),
+            "x-fake-delay": "0.002",
+        }
         if rng.random() < 0.1:  # a prompt that tokenizes worse than the estimate guessed
             headers["x-fake-prompt"] = "60"
         url = urls[i % len(urls)] + "/v1/chat/completions"
@@ -90,13 +114,20 @@ async def _client(urls: list[str], key: str, n: int, until: float, chunks: int |
             stats[f"error:{type(exc).__name__}"] += 1
 
 
-async def _load(urls: list[str], seconds: float, chunks: int | None = None) -> collections.Counter[str]:
+async def _load(
+    urls: list[str], seconds: float, chunks: int | None = None
+) -> collections.Counter[str]:
     stats: collections.Counter[str] = collections.Counter()
     limits = httpx.Limits(max_connections=len(KEYS) * CLIENTS * 2)
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
         until = time.monotonic() + seconds
-        await asyncio.gather(*(_client(urls, key, n, until, chunks, http, stats)
-                               for key in KEYS for n in range(CLIENTS)))  # fmt: skip
+        await asyncio.gather(
+            *(
+                _client(urls, key, n, until, chunks, http, stats)
+                for key in KEYS
+                for n in range(CLIENTS)
+            )
+        )
     return stats
 
 
@@ -132,8 +163,9 @@ def test_four_gateways_hold_every_level(fleet: Any) -> None:
     upstream = httpx.get(up.url + "/_log", timeout=20).json()["log"]
     for key in KEYS:
         billed = sum(e["total"] for e in upstream if e["key"] == key)
-        charged = sum(ends[i]["actual"] for i, r in reserves.items()
-                      if r["allowed"] and r["keys"][-1] == key)  # fmt: skip
+        charged = sum(
+            ends[i]["actual"] for i, r in reserves.items() if r["allowed"] and r["keys"][-1] == key
+        )
         assert charged == billed > 0, key
         admitted = sum(1 for r in reserves.values() if r["allowed"] and r["keys"][-1] == key)
         assert admitted == stats[f"{key}:200"] == sum(1 for e in upstream if e["key"] == key)
@@ -164,8 +196,13 @@ def test_four_gateways_hold_every_level(fleet: Any) -> None:
     assert sum(v for k, v in stats.items() if k.endswith(":429")) > 0
     for key in LIGHT:
         assert max(n for (k, _), n in requests.items() if k == key) == 30  # exact
-    print("peaks", dict(peak), "requests", {k: max(n for (kk, _), n in requests.items() if kk == k)
-                                             for k in KEYS}, dict(stats))  # fmt: skip
+    print(
+        "peaks",
+        dict(peak),
+        "requests",
+        {k: max(n for (kk, _), n in requests.items() if kk == k) for k in KEYS},
+        dict(stats),
+    )
 
 
 def test_clients_that_drop_early_are_charged_what_the_upstream_reported(fleet: Any) -> None:
@@ -173,10 +210,12 @@ def test_clients_that_drop_early_are_charged_what_the_upstream_reported(fleet: A
     room = [["org", "100000000/hour", "tokens"], ["key", "100000000/hour", "tokens"]]
     urls = [g.url for g in start(limits=room)]
     stats = asyncio.run(_load(urls, 5.0, chunks=3))
-    reserves, ends = _entries(log)
+    _reserves, ends = _entries(log)
     upstream = httpx.get(up.url + "/_log", timeout=20).json()["log"]
     billed = sum(e["total"] for e in upstream)
     charged = sum(e.get("actual", 0) for e in ends.values())
     assert billed > 0 and len(upstream) == sum(v for k, v in stats.items() if k.endswith(":200"))
     assert charged >= 0.99 * billed, (charged, billed)
-    print("early disconnects: charged", charged, "of", billed, "reported,", len(upstream), "streams")
+    print(
+        "early disconnects: charged", charged, "of", billed, "reported,", len(upstream), "streams"
+    )

@@ -26,8 +26,12 @@ class Recorder:
         self.app = app
         self.seen: list[dict[str, Any]] = []
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
-                       send: Callable[[Any], Awaitable[None]]) -> None:  # fmt: skip
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -76,8 +80,12 @@ def test_openai_sdk_waits_then_succeeds(up: tuple[FakeUpstream, str], stream: bo
     with uvicorn_server(app) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="k1", max_retries=2)
         for _ in range(3):
-            kwargs: dict[str, Any] = {"model": "m", "max_tokens": 20, "stream": stream,
-                                      "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            kwargs: dict[str, Any] = {
+                "model": "m",
+                "max_tokens": 20,
+                "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
             result = client.chat.completions.create(**kwargs)
             if stream:
                 text = "".join(c.choices[0].delta.content or "" for c in result if c.choices)
@@ -92,12 +100,13 @@ def test_openai_sdk_waits_then_succeeds(up: tuple[FakeUpstream, str], stream: bo
 
 def test_anthropic_sdk_waits_then_succeeds(up: tuple[FakeUpstream, str]) -> None:
     _, url = up
-    gw, app = _serve(url, REQUESTS)
+    _gw, app = _serve(url, REQUESTS)
     with uvicorn_server(app) as base:
         client = anthropic.Anthropic(base_url=base, api_key="k1", max_retries=2)
         for _ in range(3):
-            with client.messages.stream(model="m", max_tokens=20,
-                                        messages=[{"role": "user", "content": "hi"}]) as s:  # fmt: skip
+            with client.messages.stream(
+                model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+            ) as s:
                 message = s.get_final_message()
             assert message.usage.output_tokens == 20
         client.close()
@@ -108,7 +117,9 @@ def test_anthropic_sdk_waits_then_succeeds(up: tuple[FakeUpstream, str]) -> None
 
 def test_the_sdks_errors_read_the_bodies(up: tuple[FakeUpstream, str]) -> None:
     _, url = up
-    gw, app = _serve(url, [Limit("key", "1/minute", counts="requests"), Limit("key", "9999/minute")])
+    _gw, app = _serve(
+        url, [Limit("key", "1/minute", counts="requests"), Limit("key", "9999/minute")]
+    )
     with uvicorn_server(app) as base:
         oa = openai.OpenAI(base_url=base + "/v1", api_key="k1", max_retries=0)
         msgs: Any = [{"role": "user", "content": "hi"}]
@@ -131,7 +142,7 @@ def test_the_sdks_errors_read_the_bodies(up: tuple[FakeUpstream, str]) -> None:
 def test_a_spent_budget_is_not_retried(up: tuple[FakeUpstream, str]) -> None:
     _, url = up
     limits = [Limit("org", "50/calendar-month", name="org-month")]
-    gw, app = _serve(url, limits)
+    _gw, app = _serve(url, limits)
     msgs: Any = [{"role": "user", "content": "hi"}]
     with uvicorn_server(app) as base:
         oa = openai.OpenAI(base_url=base + "/v1", api_key="k1", max_retries=5)

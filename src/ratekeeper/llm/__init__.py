@@ -15,6 +15,8 @@ from .gateway import Gateway as Gateway
 from .headers import anthropic_headers as anthropic_headers
 from .headers import go_duration as go_duration
 from .headers import openai_headers as openai_headers
+from .keys import api_key as api_key
+from .keys import callers as callers
 from .limits import Caller as Caller
 from .limits import Limit as Limit
 from .meters import BodyMeter as BodyMeter
@@ -28,5 +30,3 @@ from .usage import UsageError as UsageError
 from .usage import anthropic_usage as anthropic_usage
 from .usage import openai_usage as openai_usage
 from .usage import responses_usage as responses_usage
-from .keys import api_key as api_key
-from .keys import callers as callers

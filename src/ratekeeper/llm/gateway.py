@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections import Counter
@@ -57,7 +58,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Identify = Callable[[RequestInfo], "Caller | None | Awaitable[Caller | None]"]
+Identify = Callable[[RequestInfo], "Caller | Awaitable[Caller | None] | None"]
 
 ROUTES: Mapping[str, str] = {
     "/v1/chat/completions": "chat",
@@ -245,9 +246,8 @@ class _Call:
     async def run(self) -> None:
         gw = self.gw
         request = from_scope(self.scope)
-        caller = gw.identify(request)
-        if isinstance(caller, Awaitable):
-            caller = await caller
+        found = gw.identify(request)
+        caller = await found if inspect.isawaitable(found) else found
         if caller is None:
             gw.counts["unauthorized"] += 1
             await self.fail(401, "the API key is missing or unknown")
@@ -349,8 +349,9 @@ class _Call:
             return
         streams = response.streams
         meter: Meter = (
-            StreamMeter(self.api, gw.estimator.count, gw.max_event_bytes,
-                        text=gw.on_disconnect == "close")  # fmt: skip
+            StreamMeter(
+                self.api, gw.estimator.count, gw.max_event_bytes, text=gw.on_disconnect == "close"
+            )
             if streams
             else BodyMeter(self.api, gw.estimator.count, gw.max_body_bytes)
         )
@@ -453,8 +454,11 @@ class _Call:
             return
         self.reservation = None
         if self.ending is None:  # cut short: the estimate stands once the upstream was asked
-            sent = self.response is not None and self.prepared is not None
-            self.ending = ("settle", self.prepared.estimate) if sent else ("cancel", None)  # type: ignore[union-attr]  # sent says
+            prepared = self.prepared
+            if self.response is not None and prepared is not None:
+                self.ending = ("settle", prepared.estimate)
+            else:
+                self.ending = ("cancel", None)
         kind, amount = self.ending
         limiter = self.gw.limiter
         if kind == "cancel":

@@ -121,15 +121,18 @@ class Limits:
             key = {"org": caller.org, "team": caller.team, "key": caller.key}[limit.scope]
             if key is None:
                 continue
-            rate = limit.rate
-            if callable(rate):
+            spec = limit.rate
+            rate: RateSpec | None
+            if callable(spec):
                 try:
-                    rate = rate(caller)
+                    rate = spec(caller)
                 except Exception as exc:
                     raise ConfigError(f"the rate function of limit {limit.label!r} raised "
                                       f"{exc!r}") from exc  # fmt: skip
                 if rate is None:
                     continue
+            else:
+                rate = spec
             levels.append(self.level(limit, rate, key))
             used.append(limit)
         return levels, used

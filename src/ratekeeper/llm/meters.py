@@ -12,14 +12,18 @@ end; it keeps no copy of a stream, only what it has read so far:
 - ``problems``: each kind of trouble seen, with its first message (the gateway logs and
   counts them, and keeps its estimate).
 
-``StreamMeter`` reads server-sent events of each API:
+``StreamMeter`` reads server-sent events of each API — where the usage comes from, and the
+text counted:
 
-| API | usage from | text counted from |
-|---|---|---|
-| ``chat`` | the chunk whose ``usage`` is not null (``stream_options.include_usage``) | ``choices[].delta``: ``content``, ``refusal``, ``reasoning_content``, ``reasoning``, ``tool_calls[].function`` |
-| ``completions`` | the same | ``choices[].text`` |
-| ``responses`` | ``response.completed`` / ``incomplete`` / ``failed``: ``response.usage`` | every ``*.delta`` event's ``delta`` |
-| ``messages`` | ``message_start``'s ``message.usage``, then each ``message_delta``'s ``usage`` (cumulative: the latest holds) | ``content_block_delta``: ``text``, ``partial_json``, ``thinking`` |
+- ``chat``: the chunk whose ``usage`` is not null (``stream_options.include_usage``);
+  ``choices[].delta``'s ``content``, ``refusal``, ``reasoning_content``, ``reasoning`` and
+  ``tool_calls[].function``;
+- ``completions``: the same; ``choices[].text``;
+- ``responses``: ``response.completed`` / ``incomplete`` / ``failed``'s ``response.usage``;
+  every ``*.delta`` event's ``delta``;
+- ``messages``: ``message_start``'s ``message.usage``, then each ``message_delta``'s
+  ``usage`` (cumulative: the latest holds); ``content_block_delta``'s ``text``,
+  ``partial_json`` and ``thinking``.
 
 ``BodyMeter`` reads a JSON body (kept up to ``max_bytes``; past that its usage is not read:
 ``body_too_large``). Problems: ``malformed_event``, ``event_too_large``, ``usage_invalid``,
@@ -106,11 +110,11 @@ class StreamMeter(Meter):
     The stream is cut into runs of whole events (up to the last blank line so far; the rest
     waits, at most ``max_event_bytes``). A run is parsed event by event when it may say
     something about the charge — it names ``"usage"`` (other than ``"usage":null``) or
-    ``"error"``, or a data line does not open a JSON object, or its braces do not balance —
-    or an event type the API's usage or errors come in (``message_delta``,
-    ``response.completed``...), and, with ``text``, always (each delta's text through the counter). Otherwise its
-    content events are counted, one token each, without parsing: a completion's chunks are
-    passed on for about a microsecond each (benchmarks/bench_llm.py)."""
+    ``"error"``, or a data line does not open a JSON object, or its braces do not balance,
+    or it names an event type the API's usage or errors come in (``message_delta``,
+    ``response.completed``...) — and, with ``text``, always (each delta's text through the
+    counter). Otherwise its content events are counted, one token each, without parsing:
+    less than a microsecond a chunk (benchmarks/bench_llm.py)."""
 
     def __init__(
         self,

@@ -16,8 +16,7 @@ import math
 from collections.abc import Sequence
 
 from ..nested import Level, NestedDecision
-from .headers import anthropic_error, anthropic_headers, openai_error, openai_headers
-from .headers import retry_headers
+from .headers import anthropic_error, anthropic_headers, openai_error, openai_headers, retry_headers
 from .limits import Limit, rejection, tightest
 
 

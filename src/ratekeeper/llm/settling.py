@@ -2,14 +2,16 @@
 
 The reservation was the worst case (``estimate.Prepared.estimate``). At the end:
 
-| the response | charged |
-|---|---|
-| 2xx, the provider's usage read and nothing amiss | ``price(usage)`` (default its total) |
-| 2xx, usage missing, invalid, given twice, or the stream malformed, cut by ``stream_timeout`` or a drain that did not finish | the estimate, or more if the stream showed more (a usage, the text counted) |
-| 2xx, the client left and the gateway stopped reading (``on_disconnect="close"``) | what was produced so far: the prompt (the stream's own figure, else the estimate's) plus the text streamed, counted, or a usage already read |
-| 2xx, the upstream broke mid-stream | the same; nothing at all (a cancel) if it broke before any token |
-| 4xx from the upstream | its usage if it sent one, else 0 tokens (the request still counts) |
-| 5xx, no answer, a connect error | cancelled: the tokens and the request's reservation given back |
+- 2xx, the provider's usage read and nothing amiss: ``price(usage)`` (default its total);
+- 2xx, the usage missing, invalid or given twice, the stream malformed, cut by
+  ``stream_timeout`` or by a drain that did not finish: the estimate, or more where the
+  stream showed more (a usage, the text counted);
+- 2xx, the client left and the gateway stopped reading (``on_disconnect="close"``): what was
+  produced so far, the prompt (the stream's own figure, else the estimate's) plus the text
+  streamed, counted, or a usage already read;
+- 2xx, the upstream broke mid-stream: the same, and a cancel if it broke before any token;
+- 4xx from the upstream: its usage if it sent one, else 0 tokens (the request still counts);
+- 5xx, no answer, a connect error: cancelled, the tokens given back (the request counts).
 
 "Counted" is the prompt plus the output tokens the meter counted from the text: a lower
 bound of what the provider bills, used only where no usage can be read.

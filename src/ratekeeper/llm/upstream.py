@@ -28,8 +28,9 @@ HOP = frozenset({
 })  # fmt: skip
 _REQUEST_DROPS = HOP | {"host", "content-length", "authorization", "x-api-key", "cookie",
                         "accept-encoding", "expect"}  # fmt: skip
-_RESPONSE_DROPS = HOP | {"content-length", "content-encoding", "date", "server", "retry-after", "retry-after-ms",
-                         "x-should-retry", "ratelimit", "ratelimit-policy"}  # fmt: skip
+_RESPONSE_DROPS = HOP | {"content-length", "content-encoding", "date", "server", "retry-after",
+                         "retry-after-ms", "x-should-retry", "ratelimit",
+                         "ratelimit-policy"}  # fmt: skip
 _RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 
 
