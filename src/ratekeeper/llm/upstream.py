@@ -19,6 +19,7 @@ httpx is imported when the first client is made (``pip install ratekeeper[llm]``
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ _REQUEST_DROPS = HOP | {"host", "content-length", "authorization", "x-api-key", 
 _RESPONSE_DROPS = HOP | {"content-length", "content-encoding", "date", "server", "retry-after",
                          "retry-after-ms", "x-should-retry", "ratelimit",
                          "ratelimit-policy"}  # fmt: skip
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f])?")
 _RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 
 
@@ -78,8 +81,20 @@ class Upstream:
         max_connections: int = 1000,
         transport: Any = None,
     ) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream {url!r} is invalid; expected an http:// or https:// URL")
         self.url = url.rstrip("/")
         self.headers = {k.lower(): v for k, v in (headers or {}).items()}
+        for name, value in self.headers.items():
+            if (
+                not _TOKEN.fullmatch(name)
+                or not isinstance(value, str)
+                or not _VALUE.fullmatch(value)
+            ):
+                raise ValueError(
+                    f"upstream header {name!r}: {value!r} is not a valid header "
+                    "(no spaces around it, no line breaks)"
+                )
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_connections = max_connections
