@@ -379,9 +379,13 @@ def test_the_reference_names_every_public_option() -> None:
     from ratekeeper.limiter import _Base
     from ratekeeper.metrics import Metrics
 
+    from ratekeeper import llm
+
     exported = [getattr(ratekeeper, n) for n in ratekeeper.__all__]
     exported += [getattr(middleware, n) for n in middleware.__all__]
-    missing = [n for n in [*ratekeeper.__all__, *middleware.__all__] if not _named(n)]
+    exported += [getattr(llm, n) for n in llm.__all__]
+    names = [*ratekeeper.__all__, *middleware.__all__, *llm.__all__]
+    missing = [n for n in names if not _named(n)]
     owners = [o for o in exported if isinstance(o, type) and not issubclass(o, Exception)]
     owners.remove(ratekeeper.Decision)  # its fields are checked below
     functions = [_Base.__init__, ratekeeper.Limiter.hit, middleware.priorities]

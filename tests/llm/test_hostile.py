@@ -157,3 +157,25 @@ def test_a_meter_that_raises_keeps_the_estimate(
         assert ended(gw, 1)
         assert used(gw, "k1")["key-tokens"] == _estimate(r)
         assert gw.stats()["problems"]["meter_error"] == 1
+
+
+def test_an_identify_that_misbehaves_is_a_500(up: tuple[FakeUpstream, str]) -> None:
+    from ratekeeper import ManualClock
+    from ratekeeper.llm import Gateway
+    from tests.middleware.servers import uvicorn_server
+
+    _, url = up
+    answers: list[object] = [RuntimeError("db down"), "k1", Caller("", "acme")]
+
+    def identify(request: object) -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    gw = Gateway(url, [Limit("key", "1000/minute")], identify, clock=ManualClock(1e9))  # type: ignore[arg-type]
+    with uvicorn_server(gw) as base:
+        for kind in ("identify_error", "identify_error", "limit_error"):
+            r = httpx.post(base + CHAT, json=chat(max_tokens=5), headers=bearer("k1"), timeout=20)
+            assert r.status_code == 500 and r.json()["error"]["message"], kind
+            assert gw.stats()["problems"][kind] >= 1

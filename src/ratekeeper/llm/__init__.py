@@ -30,3 +30,30 @@ from .usage import UsageError as UsageError
 from .usage import anthropic_usage as anthropic_usage
 from .usage import openai_usage as openai_usage
 from .usage import responses_usage as responses_usage
+
+__all__ = [
+    "ROUTES",
+    "BadRequest",
+    "BodyMeter",
+    "Caller",
+    "Estimator",
+    "Event",
+    "Gateway",
+    "Limit",
+    "Meter",
+    "Prepared",
+    "SSEParser",
+    "StreamMeter",
+    "TokenUsage",
+    "UsageError",
+    "anthropic_headers",
+    "anthropic_usage",
+    "api_key",
+    "callers",
+    "charge_of",
+    "go_duration",
+    "heuristic_tokens",
+    "openai_headers",
+    "openai_usage",
+    "responses_usage",
+]

@@ -40,6 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..clock import Clock
+from ..errors import ConfigError
 from ..limiter import AsyncLimiter
 from ..middleware.request import RequestInfo, from_scope
 from ..nested import Reservation
@@ -246,8 +247,17 @@ class _Call:
     async def run(self) -> None:
         gw = self.gw
         request = from_scope(self.scope)
-        found = gw.identify(request)
-        caller = await found if inspect.isawaitable(found) else found
+        try:
+            found = gw.identify(request)
+            caller = await found if inspect.isawaitable(found) else found
+        except Exception as exc:
+            gw.failed("identify_error", f"identify raised {exc!r}")
+            await self.fail(500, "the gateway could not tell who the caller is")
+            return
+        if caller is not None and not isinstance(caller, Caller):
+            gw.failed("identify_error", f"identify answered {caller!r}, not a Caller or None")
+            await self.fail(500, "the gateway could not tell who the caller is")
+            return
         if caller is None:
             gw.counts["unauthorized"] += 1
             await self.fail(401, "the API key is missing or unknown")
@@ -271,7 +281,12 @@ class _Call:
             gw.failed("no_limits", f"no limit applies to {caller!r}")
             await self.fail(500, "no limit applies to this caller")
             return
-        reservation = await gw.limiter.reserve(levels, prepared.estimate, ttl=gw.ttl)
+        try:
+            reservation = await gw.limiter.reserve(levels, prepared.estimate, ttl=gw.ttl)
+        except ConfigError as exc:  # a rate function's answer, a caller's empty key...
+            gw.failed("limit_error", str(exc))
+            await self.fail(500, "the gateway's limits could not be read for this caller")
+            return
         decision = reservation.decision
         if not reservation.allowed:
             gw.counts["rejected"] += 1
