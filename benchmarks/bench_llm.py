@@ -138,7 +138,7 @@ def gateway_app(url: str, redis_url: str | None) -> Any:
         Limit("key", LIMITS),
         Limit("key", LIMITS, counts="requests"),
     ]
-    store = RedisStore(redis_url) if redis_url else None
+    store = RedisStore(redis_url, socket_timeout=2.0) if redis_url else None  # a loaded machine
     return Gateway(url, limits, callers({"k1": Caller("k1", "acme", "red")}), store=store)
 
 
