@@ -179,3 +179,19 @@ def test_an_identify_that_misbehaves_is_a_500(up: tuple[FakeUpstream, str]) -> N
             r = httpx.post(base + CHAT, json=chat(max_tokens=5), headers=bearer("k1"), timeout=20)
             assert r.status_code == 500 and r.json()["error"]["message"], kind
             assert gw.stats()["problems"][kind] >= 1
+
+
+def test_a_store_down_fails_open_or_refuses(up: tuple[FakeUpstream, str]) -> None:
+    from ratekeeper import AsyncLimiter, RedisStore
+    from tests.redis_servers import free_port
+
+    _, url = up
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with gateway(url, store=RedisStore(dead)) as (gw, base):
+        r = httpx.post(base + CHAT, json=chat(max_tokens=5), headers=bearer("k1"), timeout=20)
+        assert r.status_code == 200 and "x-ratelimit-remaining-tokens" not in r.headers
+    closed = AsyncLimiter(RedisStore(dead), fail_open=False)
+    with gateway(url, limiter=closed) as (gw, base):
+        r = httpx.post(base + CHAT, json=chat(max_tokens=5), headers=bearer("k1"), timeout=20)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+        assert gw.stats()["problems"]["store_unavailable"] == 1

@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..clock import Clock
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..limiter import AsyncLimiter
 from ..middleware.request import RequestInfo, from_scope
 from ..nested import Reservation
@@ -286,6 +286,10 @@ class _Call:
         except ConfigError as exc:  # a rate function's answer, a caller's empty key...
             gw.failed("limit_error", str(exc))
             await self.fail(500, "the gateway's limits could not be read for this caller")
+            return
+        except StoreUnavailable as exc:  # fail_open=False and the store is down
+            gw.failed("store_unavailable", str(exc))
+            await self.fail(503, "the gateway cannot check its limits now; retry later")
             return
         decision = reservation.decision
         if not reservation.allowed:
