@@ -374,12 +374,10 @@ def _parameters(obj: object) -> list[str]:
 
 def test_the_reference_names_every_public_option() -> None:
     import ratekeeper
-    from ratekeeper import middleware
+    from ratekeeper import llm, middleware
     from ratekeeper.dashboard import Dashboard
     from ratekeeper.limiter import _Base
     from ratekeeper.metrics import Metrics
-
-    from ratekeeper import llm
 
     exported = [getattr(ratekeeper, n) for n in ratekeeper.__all__]
     exported += [getattr(middleware, n) for n in middleware.__all__]
