@@ -575,14 +575,16 @@ def _client_surface() -> list[object]:
 
 def test_the_reference_names_every_public_option() -> None:
     import ratekeeper
-    from ratekeeper import middleware
+    from ratekeeper import llm, middleware
     from ratekeeper.dashboard import Dashboard
     from ratekeeper.limiter import _Base
     from ratekeeper.metrics import Metrics
 
     exported = [getattr(ratekeeper, n) for n in ratekeeper.__all__]
     exported += [getattr(middleware, n) for n in middleware.__all__]
-    missing = [n for n in [*ratekeeper.__all__, *middleware.__all__] if not _named(n)]
+    exported += [getattr(llm, n) for n in llm.__all__]
+    names = [*ratekeeper.__all__, *middleware.__all__, *llm.__all__]
+    missing = [n for n in names if not _named(n)]
     owners = [o for o in exported if isinstance(o, type) and not issubclass(o, Exception)]
     owners.remove(ratekeeper.Decision)  # its fields are checked below
     functions = [_Base.__init__, ratekeeper.Limiter.hit, middleware.priorities]
